@@ -1,0 +1,278 @@
+//! Commands (what a log entry asks for), their results, and the read-side views.
+//!
+//! A log [`Entry`] is a [`Command`] plus the log time the group leader stamped on it when it
+//! proposed it. Everything apply needs is in the entry; nothing else is consulted.
+
+use compact_str::CompactString;
+use serde::{Deserialize, Serialize};
+
+use crate::error::LeaseError;
+use crate::ids::{LeaseId, ResourceKey};
+use crate::limits::{GroupLimits, TenantPolicy};
+
+/// One entry of a group's log, as the state machine sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Log time in milliseconds, stamped by the leader at proposal. Never decreases along a log;
+    /// the state machine treats an earlier stamp as equal to the latest one it applied.
+    pub log_time_ms: u64,
+    /// What to do.
+    pub command: Command,
+}
+
+/// Everything a group's log can carry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// One lease operation.
+    Lease(LeaseOp),
+    /// Many lease operations in one entry, applied in order at the same log time, one result each.
+    Batch(Vec<LeaseOp>),
+    /// Reclaim up to `leases_max` (capped by the group's `expire_batch_max`) leases whose expiry
+    /// is at or before the entry's log time, oldest expiry first.
+    Expire {
+        /// How many to reclaim at most.
+        leases_max: u32,
+    },
+    /// Set (replace) a tenant's policy.
+    SetTenantPolicy {
+        /// The tenant.
+        tenant_id: String,
+        /// Its new policy.
+        policy: TenantPolicy,
+    },
+    /// Replace the group's limits (bootstrap and operator changes).
+    SetGroupLimits(GroupLimits),
+}
+
+/// A client lease operation. Each carries a request id scoped to its resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseOp {
+    /// Grant the resource to a holder if no lease on it is active.
+    Acquire(AcquireRequest),
+    /// Extend the current lease.
+    Renew(RenewRequest),
+    /// End the current lease now.
+    Release(ReleaseRequest),
+}
+
+impl LeaseOp {
+    /// The resource the operation is about.
+    pub fn key(&self) -> &ResourceKey {
+        match self {
+            LeaseOp::Acquire(r) => &r.key,
+            LeaseOp::Renew(r) => &r.key,
+            LeaseOp::Release(r) => &r.key,
+        }
+    }
+
+    /// The request id the operation carries.
+    pub fn request_id(&self) -> &str {
+        match self {
+            LeaseOp::Acquire(r) => &r.request_id,
+            LeaseOp::Renew(r) => &r.request_id,
+            LeaseOp::Release(r) => &r.request_id,
+        }
+    }
+}
+
+/// Input of Acquire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireRequest {
+    /// The resource.
+    pub key: ResourceKey,
+    /// Who asks.
+    pub holder_id: String,
+    /// Requested ttl; must be within the tenant's bounds (never silently raised).
+    pub ttl_ms: u64,
+    /// Deduplication id, scoped to the resource.
+    pub request_id: String,
+}
+
+/// Input of Renew.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewRequest {
+    /// The resource.
+    pub key: ResourceKey,
+    /// The lease being renewed.
+    pub lease_id: LeaseId,
+    /// Its holder.
+    pub holder_id: String,
+    /// New ttl, counted from the entry's log time.
+    pub ttl_ms: u64,
+    /// Deduplication id, scoped to the resource.
+    pub request_id: String,
+}
+
+/// Input of Release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseRequest {
+    /// The resource.
+    pub key: ResourceKey,
+    /// The lease being released.
+    pub lease_id: LeaseId,
+    /// Its holder.
+    pub holder_id: String,
+    /// Deduplication id, scoped to the resource.
+    pub request_id: String,
+}
+
+/// A successful lease operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseReply {
+    /// Acquire granted a new lease.
+    Acquired(LeaseGrant),
+    /// Renew extended the lease; id and token are unchanged.
+    Renewed(LeaseGrant),
+    /// Release ended the lease.
+    Released(ReleaseReceipt),
+}
+
+/// The state of a lease after Acquire or Renew.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseGrant {
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Its fencing token (equal to `lease_id.sequence`).
+    pub fencing_token: u64,
+    /// Log time of the entry that granted or renewed it.
+    pub log_time_ms: u64,
+    /// Log time at which it expires unless renewed: `log_time_ms + ttl_ms`.
+    pub expires_at_ms: u64,
+    /// The ttl granted (exactly the ttl requested).
+    pub ttl_ms: u64,
+    /// True when this request created the lease (always true for Acquire, false for Renew).
+    pub created: bool,
+}
+
+/// The state of a lease after Release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseReceipt {
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Its fencing token.
+    pub fencing_token: u64,
+    /// Log time at which it ended (the release's log time).
+    pub released_at_ms: u64,
+}
+
+/// The result of one lease operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseOutcome {
+    /// What the state machine decided (for a replay: what it decided the first time).
+    pub result: Result<LeaseReply, LeaseError>,
+    /// True when the request id had been seen and the stored outcome was returned unchanged.
+    pub replayed: bool,
+}
+
+/// The result of applying one command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandResult {
+    /// Result of [`Command::Lease`].
+    Lease(LeaseOutcome),
+    /// Results of [`Command::Batch`], one per item in order; an error when the batch itself is
+    /// malformed (too many items), in which case no item was applied.
+    Batch(Result<Vec<LeaseOutcome>, LeaseError>),
+    /// Result of [`Command::Expire`]: whether leases remain due at this log time.
+    Expire {
+        /// True when more leases are due than this command reclaimed.
+        more_due: bool,
+    },
+    /// Result of [`Command::SetTenantPolicy`] or [`Command::SetGroupLimits`].
+    Config(Result<(), LeaseError>),
+}
+
+/// A lease reclaimed because its expiry passed: an ordered event in the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReclaimedLease {
+    /// The resource's tenant.
+    pub tenant_id: CompactString,
+    /// The resource.
+    pub resource_id: CompactString,
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Its fencing token.
+    pub fencing_token: u64,
+    /// The log time at which it expired.
+    pub expires_at_ms: u64,
+}
+
+/// Everything applying one entry produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyOutput {
+    /// The log time the entry was applied at (its stamp, or the latest earlier stamp if larger).
+    pub log_time_ms: u64,
+    /// The command's result.
+    pub result: CommandResult,
+    /// Leases reclaimed while applying this entry, oldest expiry first.
+    pub reclaimed: Vec<ReclaimedLease>,
+}
+
+/// The status of a resource's lease at a log time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LeaseStatus {
+    /// Held, and the log time is before its expiry.
+    Active,
+    /// Its expiry has passed (reclaimed or not yet).
+    Expired,
+    /// Its holder released it.
+    Released,
+    /// No record: never leased, or the record's retention ended.
+    Absent,
+}
+
+impl LeaseStatus {
+    /// The wire spelling, e.g. `ACTIVE`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseStatus::Active => "ACTIVE",
+            LeaseStatus::Expired => "EXPIRED",
+            LeaseStatus::Released => "RELEASED",
+            LeaseStatus::Absent => "ABSENT",
+        }
+    }
+}
+
+/// What Get and List show of a lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseView {
+    /// The resource.
+    pub key: ResourceKey,
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Its holder.
+    pub holder_id: String,
+    /// Status at the query's log time (never `Absent` in a view).
+    pub status: LeaseStatus,
+    /// Fencing token.
+    pub fencing_token: u64,
+    /// When it expires (active), expired, or was released, in log time.
+    pub expires_at_ms: u64,
+    /// Milliseconds of log time left; zero unless active.
+    pub remaining_ttl_ms: u64,
+    /// The ttl of the last grant or renewal.
+    pub ttl_ms: u64,
+    /// Number of changes to this lease: 1 at grant, +1 per renewal and for the release.
+    pub version: u64,
+}
+
+/// A List query.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListRequest {
+    /// The tenant whose leases to list.
+    pub tenant_id: String,
+    /// Page size, at least 1 and at most the group's `list_page_size_max`.
+    pub page_size: u32,
+    /// Token from the previous page, or `None` for the first.
+    pub page_token: Option<String>,
+    /// Only leases with this status; `None` for every visible lease.
+    pub status: Option<LeaseStatus>,
+}
+
+/// One page of a List.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListPage {
+    /// Leases in grant order (ascending fencing token).
+    pub leases: Vec<LeaseView>,
+    /// Where the next page starts; `None` when the listing is complete.
+    pub next_page_token: Option<String>,
+}

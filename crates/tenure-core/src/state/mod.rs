@@ -1,0 +1,935 @@
+//! The lease state machine of one group: apply, queries, invariants.
+//!
+//! Layout (memory per active lease is measured by `tenure-bench`'s `lease_memory`):
+//! - `slab`: every lease record in a chunked slab under a stable `u32` slot;
+//! - `by_key`: a hash table of slots, keyed by `(tenant, resource_id)` of the record it points to;
+//! - `by_expiry`: an ordered set of `(expires_at_ms, slot)` for every record in status Active, so
+//!   reclaiming the oldest expiry and finding the next one cost O(log n), never a scan;
+//! - `by_tenant`: an ordered set of `(tenant, fencing_token, slot)` for List;
+//! - `inactive`: FIFO of released/expired records, for their bounded retention;
+//! - `dedup`: request-id outcomes (see [`dedup`]).
+//!
+//! The indexes are functions of the slab and are rebuilt on restore; everything whose order
+//! affects a later decision (slab slots and free list, the inactive and dedup queues, counters)
+//! is in the snapshot, so a restored replica decides exactly what a replaying one does.
+
+pub(crate) mod dedup;
+pub(crate) mod slab;
+mod snapshot;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::hash::BuildHasher;
+use std::ops::Bound;
+
+use compact_str::CompactString;
+use hashbrown::{HashMap, HashTable};
+use serde::{Deserialize, Serialize};
+
+pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SnapshotError, SnapshotStats};
+
+use crate::command::{
+    AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOutcome,
+    LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest, ReclaimedLease, ReleaseReceipt,
+    ReleaseRequest, RenewRequest,
+};
+use crate::error::{LeaseError, QuotaKind};
+use crate::ids::{
+    GroupId, LeaseId, ResourceKey, validate_holder_id, validate_request_id, validate_tenant_id,
+};
+use crate::limits::{GroupLimits, TenantPolicy};
+use dedup::{DedupTable, HashBuilder, Lookup};
+use slab::Slab;
+
+/// Work budget for lazy garbage collection per applied entry, beyond twice its item count.
+const GC_BUDGET_BASE: usize = 64;
+
+/// Options that affect only the in-memory layout, never a decision or the snapshot bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateOptions {
+    /// Seed for the in-memory hash tables. Give each process a random one so that crafted
+    /// resource ids cannot degrade lookups; any seed yields identical results and snapshots.
+    pub hash_seed: u64,
+}
+
+/// Stored status of a lease record. `Active` records may be past their expiry until reclaimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum RecordStatus {
+    Active,
+    Expired,
+    Released,
+}
+
+/// One lease record: the latest lease of one resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LeaseRecord {
+    pub(crate) tenant: u32,
+    pub(crate) resource_id: CompactString,
+    pub(crate) holder_id: CompactString,
+    pub(crate) fencing_token: u64,
+    /// Expiry while active; the moment it ended once expired or released.
+    pub(crate) expires_at_ms: u64,
+    pub(crate) origin_group: u32,
+    pub(crate) ttl_ms: u32,
+    pub(crate) version: u32,
+    pub(crate) status: RecordStatus,
+}
+
+impl LeaseRecord {
+    fn lease_id(&self) -> LeaseId {
+        LeaseId {
+            group_id: GroupId(self.origin_group),
+            sequence: self.fencing_token,
+        }
+    }
+
+    fn is_active_at(&self, now_ms: u64) -> bool {
+        self.status == RecordStatus::Active && now_ms < self.expires_at_ms
+    }
+
+    /// Whether the record still answers for its resource at `now_ms`. An inactive (or
+    /// unreclaimed, expired) record stays visible for `inactive_retention_ms` after it ended.
+    fn is_visible_at(&self, now_ms: u64, limits: &GroupLimits) -> bool {
+        now_ms
+            < self
+                .expires_at_ms
+                .saturating_add(limits.inactive_retention_ms)
+    }
+
+    fn status_at(&self, now_ms: u64) -> LeaseStatus {
+        match self.status {
+            RecordStatus::Active if now_ms < self.expires_at_ms => LeaseStatus::Active,
+            RecordStatus::Active | RecordStatus::Expired => LeaseStatus::Expired,
+            RecordStatus::Released => LeaseStatus::Released,
+        }
+    }
+}
+
+/// Per-tenant state in one group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TenantState {
+    pub(crate) name: CompactString,
+    pub(crate) policy: TenantPolicy,
+    /// Records in status Active (including expired ones not yet reclaimed).
+    pub(crate) active_leases: u64,
+}
+
+/// Counters describing the state, cheap to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateStats {
+    /// Records in status Active (some may be past expiry, awaiting reclaim).
+    pub active_leases: u64,
+    /// All lease records held (active and retained inactive).
+    pub lease_records: u64,
+    /// Released or expired records still retained.
+    pub inactive_records: u64,
+    /// Request-id records held.
+    pub dedup_records: u64,
+    /// Tenants known to this group.
+    pub tenants: u64,
+    /// Latest log time applied.
+    pub last_log_time_ms: u64,
+    /// The fencing token the next grant will get.
+    pub next_fencing_token: u64,
+}
+
+/// The deterministic lease state machine of one group.
+#[derive(Debug, Clone)]
+pub struct LeaseStateMachine {
+    group_id: GroupId,
+    limits: GroupLimits,
+    last_log_time_ms: u64,
+    /// Next grant sequence (= fencing token). Starts at 1, only grows; a resource moving in
+    /// raises it to at least the floor the move carries.
+    next_sequence: u64,
+    tenants: Vec<TenantState>,
+    tenant_index: HashMap<CompactString, u32, HashBuilder>,
+    slab: Slab<LeaseRecord>,
+    by_key: HashTable<u32>,
+    by_expiry: BTreeSet<(u64, u32)>,
+    by_tenant: BTreeSet<(u32, u64, u32)>,
+    inactive: VecDeque<(u32, u64)>,
+    inactive_count: u64,
+    dedup: DedupTable,
+    hash_builder: HashBuilder,
+}
+
+impl LeaseStateMachine {
+    /// An empty state for `group_id` with [`GroupLimits::default`]. The server's bootstrap puts
+    /// the cluster's limits in the log as the first entry ([`Command::SetGroupLimits`]).
+    pub fn new(group_id: GroupId, options: StateOptions) -> Self {
+        let hash_builder = HashBuilder::with_seed(options.hash_seed);
+        LeaseStateMachine {
+            group_id,
+            limits: GroupLimits::default(),
+            last_log_time_ms: 0,
+            next_sequence: 1,
+            tenants: Vec::new(),
+            tenant_index: HashMap::with_hasher(hash_builder.clone()),
+            slab: Slab::new(),
+            by_key: HashTable::new(),
+            by_expiry: BTreeSet::new(),
+            by_tenant: BTreeSet::new(),
+            inactive: VecDeque::new(),
+            inactive_count: 0,
+            dedup: DedupTable::new(hash_builder.clone()),
+            hash_builder,
+        }
+    }
+
+    /// The group this state belongs to.
+    pub fn group_id(&self) -> GroupId {
+        self.group_id
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &GroupLimits {
+        &self.limits
+    }
+
+    /// Latest log time applied (log time never decreases).
+    pub fn last_log_time_ms(&self) -> u64 {
+        self.last_log_time_ms
+    }
+
+    /// The earliest expiry among active records, if any: when the leader should next propose
+    /// an Expire command.
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        self.by_expiry
+            .first()
+            .map(|&(expires_at_ms, _)| expires_at_ms)
+    }
+
+    /// Counters describing the state.
+    pub fn stats(&self) -> StateStats {
+        StateStats {
+            active_leases: self.by_expiry.len() as u64,
+            lease_records: self.slab.occupied() as u64,
+            inactive_records: self.inactive_count,
+            dedup_records: self.dedup.len() as u64,
+            tenants: self.tenants.len() as u64,
+            last_log_time_ms: self.last_log_time_ms,
+            next_fencing_token: self.next_sequence,
+        }
+    }
+
+    /// Applies one log entry. Deterministic: the same entries applied to the same state give the
+    /// same outputs and the same state on every replica. Never panics on any input.
+    pub fn apply(&mut self, entry: &Entry) -> ApplyOutput {
+        let now_ms = self.last_log_time_ms.max(entry.log_time_ms);
+        self.last_log_time_ms = now_ms;
+        let mut reclaimed = Vec::new();
+        let (result, items) = match &entry.command {
+            Command::Lease(op) => (
+                CommandResult::Lease(self.apply_lease_op(op, now_ms, &mut reclaimed)),
+                1,
+            ),
+            Command::Batch(ops) => {
+                if ops.len() > self.limits.batch_items_max as usize {
+                    let err = LeaseError::invalid(
+                        "batch",
+                        format!(
+                            "has {} items, at most {} allowed",
+                            ops.len(),
+                            self.limits.batch_items_max
+                        ),
+                    );
+                    (CommandResult::Batch(Err(err)), 1)
+                } else {
+                    let outcomes = ops
+                        .iter()
+                        .map(|op| self.apply_lease_op(op, now_ms, &mut reclaimed))
+                        .collect();
+                    (CommandResult::Batch(Ok(outcomes)), ops.len())
+                }
+            }
+            Command::Expire { leases_max } => {
+                let leases_max = (*leases_max).min(self.limits.expire_batch_max);
+                self.reclaim_due(now_ms, leases_max, &mut reclaimed);
+                let more_due = self.by_expiry.first().is_some_and(|&(at, _)| at <= now_ms);
+                (CommandResult::Expire { more_due }, 1)
+            }
+            Command::SetTenantPolicy { tenant_id, policy } => (
+                CommandResult::Config(self.set_tenant_policy(tenant_id, policy)),
+                1,
+            ),
+            Command::SetGroupLimits(limits) => {
+                let result = limits.validate().map(|()| self.limits = limits.clone());
+                (CommandResult::Config(result), 1)
+            }
+        };
+        let budget = GC_BUDGET_BASE + 2 * (items + reclaimed.len());
+        self.collect_garbage(now_ms, budget);
+        ApplyOutput {
+            log_time_ms: now_ms,
+            result,
+            reclaimed,
+        }
+    }
+
+    fn apply_lease_op(
+        &mut self,
+        op: &LeaseOp,
+        now_ms: u64,
+        reclaimed: &mut Vec<ReclaimedLease>,
+    ) -> LeaseOutcome {
+        let fresh = |result| LeaseOutcome {
+            result,
+            replayed: false,
+        };
+        // Malformed identity: nothing to scope a request id to, so nothing is recorded.
+        let checked = op
+            .key()
+            .validate()
+            .and_then(|()| validate_request_id(op.request_id()))
+            .and_then(|()| match op {
+                LeaseOp::Acquire(r) => validate_holder_id(&r.holder_id),
+                LeaseOp::Renew(r) => validate_holder_id(&r.holder_id),
+                LeaseOp::Release(r) => validate_holder_id(&r.holder_id),
+            });
+        if let Err(err) = checked {
+            return fresh(Err(err));
+        }
+        let key = dedup::dedup_key(op);
+        let fingerprint = dedup::fingerprint(op);
+        match self.dedup.lookup(key, fingerprint, now_ms, &self.limits) {
+            Lookup::Replay(outcome) => {
+                return LeaseOutcome {
+                    result: outcome.clone(),
+                    replayed: true,
+                };
+            }
+            Lookup::Conflict => return fresh(Err(dedup::conflict_error())),
+            Lookup::Miss => {}
+        }
+        if let Err(err) = self.dedup.reserve_one(now_ms, &self.limits) {
+            return fresh(Err(err));
+        }
+        let result = match op {
+            LeaseOp::Acquire(r) => self.acquire(r, now_ms, reclaimed),
+            LeaseOp::Renew(r) => self.renew(r, now_ms),
+            LeaseOp::Release(r) => self.release(r, now_ms),
+        };
+        // Retryable refusals had no effect and must not stick to the request id.
+        if !result.as_ref().is_err_and(LeaseError::retryable) {
+            self.dedup.record(key, fingerprint, now_ms, result.clone());
+        }
+        fresh(result)
+    }
+
+    fn acquire(
+        &mut self,
+        request: &AcquireRequest,
+        now_ms: u64,
+        reclaimed: &mut Vec<ReclaimedLease>,
+    ) -> Result<LeaseReply, LeaseError> {
+        let tenant = self.tenant_or_create(&request.key.tenant_id)?;
+        let policy = &self.tenants[tenant as usize].policy;
+        check_ttl(request.ttl_ms, policy, &self.limits)?;
+        let quota = policy.active_leases_max(&self.limits);
+        if self.tenants[tenant as usize].active_leases >= quota {
+            // Leases past expiry but not yet reclaimed must not count against the quota.
+            self.reclaim_due(now_ms, self.limits.expire_batch_max, reclaimed);
+        }
+        let ttl_ms = u32::try_from(request.ttl_ms)
+            .map_err(|_| LeaseError::invalid("ttl_ms", "does not fit the state's 32-bit ttl"))?;
+        let expires_at_ms = now_ms.saturating_add(request.ttl_ms);
+        let existing = self.find_slot(tenant, &request.key.resource_id);
+        let quota_exceeded = LeaseError::QuotaExceeded {
+            kind: QuotaKind::TenantActiveLeases,
+            limit: quota,
+        };
+
+        if let Some(slot) = existing {
+            let record = self.record(slot);
+            if record.is_active_at(now_ms) {
+                return Err(LeaseError::AlreadyHeld {
+                    holder_id: record.holder_id.clone(),
+                    remaining_ttl_ms: record.expires_at_ms - now_ms,
+                });
+            }
+            let was_active = record.status == RecordStatus::Active;
+            if !was_active && self.tenants[tenant as usize].active_leases >= quota {
+                return Err(quota_exceeded);
+            }
+            let old_token = record.fencing_token;
+            let old_expiry = record.expires_at_ms;
+            let token = self.take_sequence();
+            // Safety invariant (contract 3.2): a new grant's token exceeds every earlier one.
+            assert!(token > old_token, "fencing token would not increase");
+            if was_active {
+                self.by_expiry.remove(&(old_expiry, slot));
+            } else {
+                self.inactive_count -= 1;
+                self.tenants[tenant as usize].active_leases += 1;
+            }
+            self.by_tenant.remove(&(tenant, old_token, slot));
+            self.by_tenant.insert((tenant, token, slot));
+            self.by_expiry.insert((expires_at_ms, slot));
+            let group = self.group_id.0;
+            let record = self.record_mut(slot);
+            record.holder_id = CompactString::from(request.holder_id.as_str());
+            record.fencing_token = token;
+            record.expires_at_ms = expires_at_ms;
+            record.origin_group = group;
+            record.ttl_ms = ttl_ms;
+            record.version = 1;
+            record.status = RecordStatus::Active;
+            return Ok(LeaseReply::Acquired(grant(
+                record_view_parts(record),
+                now_ms,
+                true,
+            )));
+        }
+
+        if self.tenants[tenant as usize].active_leases >= quota {
+            return Err(quota_exceeded);
+        }
+        if self.slab.occupied() as u64 >= self.limits.lease_records_max
+            && !self.evict_oldest_inactive()
+        {
+            return Err(LeaseError::QuotaExceeded {
+                kind: QuotaKind::GroupLeaseRecords,
+                limit: self.limits.lease_records_max,
+            });
+        }
+        let token = self.take_sequence();
+        let record = LeaseRecord {
+            tenant,
+            resource_id: CompactString::from(request.key.resource_id.as_str()),
+            holder_id: CompactString::from(request.holder_id.as_str()),
+            fencing_token: token,
+            expires_at_ms,
+            origin_group: self.group_id.0,
+            ttl_ms,
+            version: 1,
+            status: RecordStatus::Active,
+        };
+        let parts = record_view_parts(&record);
+        let Some(slot) = self.slab.insert(record) else {
+            return Err(LeaseError::QuotaExceeded {
+                kind: QuotaKind::GroupLeaseRecords,
+                limit: u64::from(u32::MAX),
+            });
+        };
+        self.index_key(slot);
+        self.by_tenant.insert((tenant, token, slot));
+        self.by_expiry.insert((expires_at_ms, slot));
+        self.tenants[tenant as usize].active_leases += 1;
+        Ok(LeaseReply::Acquired(grant(parts, now_ms, true)))
+    }
+
+    fn renew(&mut self, request: &RenewRequest, now_ms: u64) -> Result<LeaseReply, LeaseError> {
+        let tenant = self
+            .tenant_index
+            .get(request.key.tenant_id.as_str())
+            .copied();
+        let default_policy = TenantPolicy::default();
+        let policy = tenant.map_or(&default_policy, |t| &self.tenants[t as usize].policy);
+        check_ttl(request.ttl_ms, policy, &self.limits)?;
+        let ttl_ms = u32::try_from(request.ttl_ms)
+            .map_err(|_| LeaseError::invalid("ttl_ms", "does not fit the state's 32-bit ttl"))?;
+        let slot = self.current_lease_slot(
+            tenant,
+            &request.key.resource_id,
+            request.lease_id,
+            &request.holder_id,
+            now_ms,
+        )?;
+        let expires_at_ms = now_ms.saturating_add(request.ttl_ms);
+        let record = self.record_mut(slot);
+        let old_expiry = record.expires_at_ms;
+        record.expires_at_ms = expires_at_ms;
+        record.ttl_ms = ttl_ms;
+        record.version = record.version.saturating_add(1);
+        let parts = record_view_parts(record);
+        self.by_expiry.remove(&(old_expiry, slot));
+        self.by_expiry.insert((expires_at_ms, slot));
+        Ok(LeaseReply::Renewed(grant(parts, now_ms, false)))
+    }
+
+    fn release(&mut self, request: &ReleaseRequest, now_ms: u64) -> Result<LeaseReply, LeaseError> {
+        let tenant = self
+            .tenant_index
+            .get(request.key.tenant_id.as_str())
+            .copied();
+        let slot = self.current_lease_slot(
+            tenant,
+            &request.key.resource_id,
+            request.lease_id,
+            &request.holder_id,
+            now_ms,
+        )?;
+        let record = self.record_mut(slot);
+        let old_expiry = record.expires_at_ms;
+        record.expires_at_ms = now_ms;
+        record.status = RecordStatus::Released;
+        record.version = record.version.saturating_add(1);
+        let (lease_id, token, tenant) = (record.lease_id(), record.fencing_token, record.tenant);
+        self.by_expiry.remove(&(old_expiry, slot));
+        self.tenants[tenant as usize].active_leases -= 1;
+        self.mark_inactive(slot, token);
+        Ok(LeaseReply::Released(ReleaseReceipt {
+            lease_id,
+            fencing_token: token,
+            released_at_ms: now_ms,
+        }))
+    }
+
+    /// The checks of Renew and Release, in the contract's order: NOT_FOUND, LEASE_EXPIRED (also
+    /// for released), LEASE_MISMATCH.
+    fn current_lease_slot(
+        &self,
+        tenant: Option<u32>,
+        resource_id: &str,
+        lease_id: LeaseId,
+        holder_id: &str,
+        now_ms: u64,
+    ) -> Result<u32, LeaseError> {
+        let slot = tenant
+            .and_then(|t| self.find_slot(t, resource_id))
+            .ok_or(LeaseError::NotFound)?;
+        let record = self.record(slot);
+        if !record.is_visible_at(now_ms, &self.limits) {
+            return Err(LeaseError::NotFound);
+        }
+        if !record.is_active_at(now_ms) {
+            return Err(LeaseError::LeaseExpired { lease_id });
+        }
+        if record.lease_id() != lease_id || record.holder_id != holder_id {
+            return Err(LeaseError::LeaseMismatch { lease_id });
+        }
+        Ok(slot)
+    }
+
+    fn take_sequence(&mut self) -> u64 {
+        let token = self.next_sequence;
+        // 2^64 grants cannot happen; saturating keeps apply panic-free, the assert on every
+        // grant catches a token that fails to increase.
+        self.next_sequence = self.next_sequence.saturating_add(1);
+        token
+    }
+
+    fn tenant_or_create(&mut self, tenant_id: &str) -> Result<u32, LeaseError> {
+        if let Some(&tenant) = self.tenant_index.get(tenant_id) {
+            return Ok(tenant);
+        }
+        if self.tenants.len() >= self.limits.tenants_max as usize {
+            return Err(LeaseError::QuotaExceeded {
+                kind: QuotaKind::GroupTenants,
+                limit: u64::from(self.limits.tenants_max),
+            });
+        }
+        let tenant = u32::try_from(self.tenants.len()).map_err(|_| LeaseError::QuotaExceeded {
+            kind: QuotaKind::GroupTenants,
+            limit: u64::from(u32::MAX),
+        })?;
+        let name = CompactString::from(tenant_id);
+        self.tenants.push(TenantState {
+            name: name.clone(),
+            policy: TenantPolicy::default(),
+            active_leases: 0,
+        });
+        self.tenant_index.insert(name, tenant);
+        Ok(tenant)
+    }
+
+    fn set_tenant_policy(
+        &mut self,
+        tenant_id: &str,
+        policy: &TenantPolicy,
+    ) -> Result<(), LeaseError> {
+        validate_tenant_id(tenant_id)?;
+        policy.validate()?;
+        let tenant = self.tenant_or_create(tenant_id)?;
+        self.tenants[tenant as usize].policy = policy.clone();
+        Ok(())
+    }
+
+    /// Reclaims up to `leases_max` records whose expiry is at or before `now_ms`, oldest first.
+    fn reclaim_due(&mut self, now_ms: u64, leases_max: u32, reclaimed: &mut Vec<ReclaimedLease>) {
+        for _ in 0..leases_max {
+            let Some(&(expires_at_ms, slot)) = self.by_expiry.first() else {
+                return;
+            };
+            if expires_at_ms > now_ms {
+                return;
+            }
+            self.by_expiry.pop_first();
+            let record = self.record_mut(slot);
+            assert_eq!(
+                record.status,
+                RecordStatus::Active,
+                "expiry index names an inactive record"
+            );
+            record.status = RecordStatus::Expired;
+            let token = record.fencing_token;
+            let tenant = record.tenant;
+            let resource_id = record.resource_id.clone();
+            let lease_id = record.lease_id();
+            reclaimed.push(ReclaimedLease {
+                tenant_id: self.tenants[tenant as usize].name.clone(),
+                resource_id,
+                lease_id,
+                fencing_token: token,
+                expires_at_ms,
+            });
+            self.tenants[tenant as usize].active_leases -= 1;
+            self.mark_inactive(slot, token);
+        }
+    }
+
+    fn mark_inactive(&mut self, slot: u32, token: u64) {
+        self.inactive.push_back((slot, token));
+        self.inactive_count += 1;
+        while self.inactive_count > self.limits.inactive_records_max {
+            if !self.evict_oldest_inactive() {
+                break;
+            }
+        }
+    }
+
+    fn inactive_entry_is_live(&self, slot: u32, token: u64) -> bool {
+        self.slab
+            .get(slot)
+            .is_some_and(|r| r.fencing_token == token && r.status != RecordStatus::Active)
+    }
+
+    /// Drops the oldest retained inactive record. False when there is none.
+    fn evict_oldest_inactive(&mut self) -> bool {
+        while let Some((slot, token)) = self.inactive.pop_front() {
+            if self.inactive_entry_is_live(slot, token) {
+                self.free_inactive(slot);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn free_inactive(&mut self, slot: u32) {
+        let Some(record) = self.slab.remove(slot) else {
+            return;
+        };
+        let hash = self
+            .hash_builder
+            .hash_one((record.tenant, record.resource_id.as_str()));
+        if let Ok(entry) = self.by_key.find_entry(hash, |&s| s == slot) {
+            entry.remove();
+        }
+        self.by_tenant
+            .remove(&(record.tenant, record.fencing_token, slot));
+        self.inactive_count -= 1;
+    }
+
+    fn collect_garbage(&mut self, now_ms: u64, budget: usize) {
+        self.dedup.collect_garbage(now_ms, &self.limits, budget);
+        let mut budget = budget;
+        while budget > 0 {
+            let Some(&(slot, token)) = self.inactive.front() else {
+                return;
+            };
+            if self.inactive_entry_is_live(slot, token) {
+                let Some(record) = self.slab.get(slot) else {
+                    return;
+                };
+                if record.is_visible_at(now_ms, &self.limits) {
+                    return;
+                }
+                self.free_inactive(slot);
+            }
+            self.inactive.pop_front();
+            budget -= 1;
+        }
+    }
+
+    fn record(&self, slot: u32) -> &LeaseRecord {
+        self.slab
+            .get(slot)
+            .unwrap_or_else(|| index_invariant_broken(slot))
+    }
+
+    fn record_mut(&mut self, slot: u32) -> &mut LeaseRecord {
+        self.slab
+            .get_mut(slot)
+            .unwrap_or_else(|| index_invariant_broken(slot))
+    }
+
+    fn find_slot(&self, tenant: u32, resource_id: &str) -> Option<u32> {
+        let hash = self.hash_builder.hash_one((tenant, resource_id));
+        self.by_key
+            .find(hash, |&slot| {
+                self.slab
+                    .get(slot)
+                    .is_some_and(|r| r.tenant == tenant && r.resource_id == resource_id)
+            })
+            .copied()
+    }
+
+    fn index_key(&mut self, slot: u32) {
+        let Self {
+            by_key,
+            slab,
+            hash_builder,
+            ..
+        } = self;
+        let hash_of = |slot: u32| {
+            slab.get(slot).map_or(0, |r| {
+                hash_builder.hash_one((r.tenant, r.resource_id.as_str()))
+            })
+        };
+        by_key.insert_unique(hash_of(slot), slot, |&s| hash_of(s));
+    }
+
+    // ---- queries ----
+
+    fn view(&self, record: &LeaseRecord, now_ms: u64) -> LeaseView {
+        let status = record.status_at(now_ms);
+        LeaseView {
+            key: ResourceKey::new(
+                self.tenants[record.tenant as usize].name.as_str(),
+                record.resource_id.as_str(),
+            ),
+            lease_id: record.lease_id(),
+            holder_id: record.holder_id.to_string(),
+            status,
+            fencing_token: record.fencing_token,
+            expires_at_ms: record.expires_at_ms,
+            remaining_ttl_ms: if status == LeaseStatus::Active {
+                record.expires_at_ms - now_ms
+            } else {
+                0
+            },
+            ttl_ms: u64::from(record.ttl_ms),
+            version: u64::from(record.version),
+        }
+    }
+
+    /// The lease of a resource at log time `now_ms` (raised to the last applied log time if
+    /// earlier). `Ok(None)` means ABSENT.
+    pub fn get(&self, key: &ResourceKey, now_ms: u64) -> Result<Option<LeaseView>, LeaseError> {
+        key.validate()?;
+        let now_ms = now_ms.max(self.last_log_time_ms);
+        let Some(&tenant) = self.tenant_index.get(key.tenant_id.as_str()) else {
+            return Ok(None);
+        };
+        Ok(self
+            .find_slot(tenant, &key.resource_id)
+            .and_then(|slot| self.slab.get(slot))
+            .filter(|record| record.is_visible_at(now_ms, &self.limits))
+            .map(|record| self.view(record, now_ms)))
+    }
+
+    /// One page of a tenant's leases in grant order, at log time `now_ms`.
+    ///
+    /// Page tokens are stable: a lease that exists for the whole listing appears exactly once;
+    /// one granted during it may or may not. A page examines at most `list_scan_max` index
+    /// entries, so a filtered page can be short while `next_page_token` is still set.
+    pub fn list(&self, request: &ListRequest, now_ms: u64) -> Result<ListPage, LeaseError> {
+        validate_tenant_id(&request.tenant_id)?;
+        if request.page_size == 0 || request.page_size > self.limits.list_page_size_max {
+            return Err(LeaseError::invalid(
+                "page_size",
+                format!("must be within [1, {}]", self.limits.list_page_size_max),
+            ));
+        }
+        if request.status == Some(LeaseStatus::Absent) {
+            return Err(LeaseError::invalid(
+                "filter_status",
+                "ABSENT leases cannot be listed",
+            ));
+        }
+        let after = request
+            .page_token
+            .as_deref()
+            .map(parse_page_token)
+            .transpose()?;
+        let now_ms = now_ms.max(self.last_log_time_ms);
+        let Some(&tenant) = self.tenant_index.get(request.tenant_id.as_str()) else {
+            return Ok(ListPage {
+                leases: Vec::new(),
+                next_page_token: None,
+            });
+        };
+        let lower = match after {
+            Some((token, slot)) => Bound::Excluded((tenant, token, slot)),
+            None => Bound::Included((tenant, 0, 0)),
+        };
+        let mut range = self
+            .by_tenant
+            .range((lower, Bound::Included((tenant, u64::MAX, u32::MAX))))
+            .peekable();
+        let mut leases = Vec::new();
+        let mut examined = 0u32;
+        let mut last = None;
+        while let Some(&(_, token, slot)) = range.next() {
+            examined += 1;
+            last = Some((token, slot));
+            if let Some(record) = self.slab.get(slot)
+                && record.is_visible_at(now_ms, &self.limits)
+            {
+                let view = self.view(record, now_ms);
+                if request.status.is_none_or(|status| status == view.status) {
+                    leases.push(view);
+                }
+            }
+            if leases.len() >= request.page_size as usize || examined >= self.limits.list_scan_max {
+                break;
+            }
+        }
+        let next_page_token = match (range.peek(), last) {
+            (Some(_), Some((token, slot))) => Some(format_page_token(token, slot)),
+            _ => None,
+        };
+        Ok(ListPage {
+            leases,
+            next_page_token,
+        })
+    }
+
+    /// Checks every internal invariant with a full scan. For tests and debugging: O(n).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut active_per_tenant = vec![0u64; self.tenants.len()];
+        let mut active = 0usize;
+        let mut inactive = 0u64;
+        let mut occupied = 0usize;
+        let queued_inactive: std::collections::HashSet<(u32, u64)> =
+            self.inactive.iter().copied().collect();
+        for (slot, record) in self.slab.iter_slots() {
+            let Some(record) = record else { continue };
+            occupied += 1;
+            let tenant = record.tenant as usize;
+            if tenant >= self.tenants.len() {
+                return Err(format!("slot {slot}: unknown tenant {tenant}"));
+            }
+            if self.find_slot(record.tenant, &record.resource_id) != Some(slot) {
+                return Err(format!("slot {slot}: key index does not point here"));
+            }
+            if !self
+                .by_tenant
+                .contains(&(record.tenant, record.fencing_token, slot))
+            {
+                return Err(format!("slot {slot}: missing from the tenant index"));
+            }
+            if record.origin_group == self.group_id.0 && record.fencing_token >= self.next_sequence
+            {
+                return Err(format!(
+                    "slot {slot}: token {} not below next sequence",
+                    record.fencing_token
+                ));
+            }
+            let in_expiry = self.by_expiry.contains(&(record.expires_at_ms, slot));
+            if (record.status == RecordStatus::Active) != in_expiry {
+                return Err(format!(
+                    "slot {slot}: expiry index disagrees with status {:?}",
+                    record.status
+                ));
+            }
+            if record.status == RecordStatus::Active {
+                active += 1;
+                active_per_tenant[tenant] += 1;
+            } else {
+                inactive += 1;
+                if !queued_inactive.contains(&(slot, record.fencing_token)) {
+                    return Err(format!(
+                        "slot {slot}: inactive record missing from its queue"
+                    ));
+                }
+            }
+        }
+        if occupied != self.slab.occupied()
+            || self.by_key.len() != occupied
+            || self.by_tenant.len() != occupied
+        {
+            return Err(format!(
+                "index sizes disagree: slab {occupied}/{}, key {}, tenant {}",
+                self.slab.occupied(),
+                self.by_key.len(),
+                self.by_tenant.len()
+            ));
+        }
+        if active != self.by_expiry.len() {
+            return Err(format!(
+                "expiry index has {} entries for {active} active records",
+                self.by_expiry.len()
+            ));
+        }
+        if inactive != self.inactive_count {
+            return Err(format!(
+                "inactive count {} but {inactive} inactive records",
+                self.inactive_count
+            ));
+        }
+        for (tenant, state) in self.tenants.iter().enumerate() {
+            if state.active_leases != active_per_tenant[tenant] {
+                return Err(format!(
+                    "tenant {}: count {} but {} active records",
+                    state.name, state.active_leases, active_per_tenant[tenant]
+                ));
+            }
+            if self.tenant_index.get(&state.name) != Some(&(tenant as u32)) {
+                return Err(format!("tenant {}: name index disagrees", state.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The parts of a record a grant needs, copied out so the record's borrow can end.
+struct ViewParts {
+    lease_id: LeaseId,
+    fencing_token: u64,
+    expires_at_ms: u64,
+    ttl_ms: u64,
+}
+
+fn grant(parts: ViewParts, now_ms: u64, created: bool) -> LeaseGrant {
+    LeaseGrant {
+        lease_id: parts.lease_id,
+        fencing_token: parts.fencing_token,
+        log_time_ms: now_ms,
+        expires_at_ms: parts.expires_at_ms,
+        ttl_ms: parts.ttl_ms,
+        created,
+    }
+}
+
+fn record_view_parts(record: &LeaseRecord) -> ViewParts {
+    ViewParts {
+        lease_id: record.lease_id(),
+        fencing_token: record.fencing_token,
+        expires_at_ms: record.expires_at_ms,
+        ttl_ms: u64::from(record.ttl_ms),
+    }
+}
+
+fn check_ttl(ttl_ms: u64, policy: &TenantPolicy, limits: &GroupLimits) -> Result<(), LeaseError> {
+    let (min, max) = policy.ttl_bounds_ms(limits);
+    if ttl_ms < min || ttl_ms > max {
+        return Err(LeaseError::invalid(
+            "ttl_ms",
+            format!("{ttl_ms} is outside the allowed range [{min}, {max}] ms"),
+        ));
+    }
+    Ok(())
+}
+
+/// The in-memory indexes contradict each other: a bug. Continuing could let replicas diverge
+/// or grant twice, so the process stops (contract: crash on a broken safety invariant).
+#[cold]
+fn index_invariant_broken(slot: u32) -> ! {
+    panic!("lease state invariant broken: an index names empty slot {slot}")
+}
+
+const PAGE_TOKEN_PREFIX: &str = "v1.";
+
+fn format_page_token(token: u64, slot: u32) -> String {
+    format!("{PAGE_TOKEN_PREFIX}{token:x}.{slot:x}")
+}
+
+fn parse_page_token(text: &str) -> Result<(u64, u32), LeaseError> {
+    let invalid = || LeaseError::invalid("page_token", "not a token this service issued");
+    let rest = text.strip_prefix(PAGE_TOKEN_PREFIX).ok_or_else(invalid)?;
+    let (token, slot) = rest.split_once('.').ok_or_else(invalid)?;
+    let token = u64::from_str_radix(token, 16).map_err(|_| invalid())?;
+    let slot = u32::from_str_radix(slot, 16).map_err(|_| invalid())?;
+    Ok((token, slot))
+}

@@ -1,0 +1,154 @@
+//! Shared helpers for tenure-core's integration tests: a state plus a log clock.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use tenure_core::{
+    AcquireRequest, ApplyOutput, Command, CommandResult, Entry, GroupId, GroupLimits, LeaseError,
+    LeaseGrant, LeaseId, LeaseOp, LeaseOutcome, LeaseReply, LeaseStateMachine, LeaseView,
+    ReleaseReceipt, ReleaseRequest, RenewRequest, ResourceKey, StateOptions,
+};
+
+pub const GROUP: GroupId = GroupId(7);
+pub const TENANT: &str = "acme";
+
+pub struct Harness {
+    pub state: LeaseStateMachine,
+    pub now_ms: u64,
+    next_request: u64,
+}
+
+impl Harness {
+    pub fn new() -> Self {
+        Self::with_limits(GroupLimits {
+            ttl_ms_min: 100,
+            ..GroupLimits::default()
+        })
+    }
+
+    pub fn with_limits(limits: GroupLimits) -> Self {
+        let mut harness = Harness {
+            state: LeaseStateMachine::new(GROUP, StateOptions::default()),
+            now_ms: 1_000,
+            next_request: 0,
+        };
+        let out = harness.apply(Command::SetGroupLimits(limits));
+        assert_eq!(out.result, CommandResult::Config(Ok(())));
+        harness
+    }
+
+    pub fn advance(&mut self, ms: u64) {
+        self.now_ms += ms;
+    }
+
+    pub fn apply(&mut self, command: Command) -> ApplyOutput {
+        let out = self.state.apply(&Entry {
+            log_time_ms: self.now_ms,
+            command,
+        });
+        self.state.check_invariants().unwrap();
+        out
+    }
+
+    pub fn fresh_request_id(&mut self) -> String {
+        self.next_request += 1;
+        format!("req-{}", self.next_request)
+    }
+
+    pub fn op(&mut self, op: LeaseOp) -> LeaseOutcome {
+        match self.apply(Command::Lease(op)).result {
+            CommandResult::Lease(outcome) => outcome,
+            other => panic!("unexpected result {other:?}"),
+        }
+    }
+
+    pub fn acquire_op(&mut self, resource: &str, holder: &str, ttl_ms: u64) -> LeaseOp {
+        let request_id = self.fresh_request_id();
+        acquire_op(resource, holder, ttl_ms, &request_id)
+    }
+
+    pub fn acquire(
+        &mut self,
+        resource: &str,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> Result<LeaseGrant, LeaseError> {
+        let op = self.acquire_op(resource, holder, ttl_ms);
+        self.op(op).result.map(|reply| match reply {
+            LeaseReply::Acquired(grant) => grant,
+            other => panic!("acquire answered {other:?}"),
+        })
+    }
+
+    pub fn renew(
+        &mut self,
+        resource: &str,
+        lease_id: LeaseId,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> Result<LeaseGrant, LeaseError> {
+        let request_id = self.fresh_request_id();
+        self.op(renew_op(resource, lease_id, holder, ttl_ms, &request_id))
+            .result
+            .map(|reply| match reply {
+                LeaseReply::Renewed(grant) => grant,
+                other => panic!("renew answered {other:?}"),
+            })
+    }
+
+    pub fn release(
+        &mut self,
+        resource: &str,
+        lease_id: LeaseId,
+        holder: &str,
+    ) -> Result<ReleaseReceipt, LeaseError> {
+        let request_id = self.fresh_request_id();
+        self.op(release_op(resource, lease_id, holder, &request_id))
+            .result
+            .map(|reply| match reply {
+                LeaseReply::Released(receipt) => receipt,
+                other => panic!("release answered {other:?}"),
+            })
+    }
+
+    pub fn get(&self, resource: &str) -> Option<LeaseView> {
+        self.state.get(&key(resource), self.now_ms).unwrap()
+    }
+}
+
+pub fn key(resource: &str) -> ResourceKey {
+    ResourceKey::new(TENANT, resource)
+}
+
+pub fn acquire_op(resource: &str, holder: &str, ttl_ms: u64, request_id: &str) -> LeaseOp {
+    LeaseOp::Acquire(AcquireRequest {
+        key: key(resource),
+        holder_id: holder.to_owned(),
+        ttl_ms,
+        request_id: request_id.to_owned(),
+    })
+}
+
+pub fn renew_op(
+    resource: &str,
+    lease_id: LeaseId,
+    holder: &str,
+    ttl_ms: u64,
+    request_id: &str,
+) -> LeaseOp {
+    LeaseOp::Renew(RenewRequest {
+        key: key(resource),
+        lease_id,
+        holder_id: holder.to_owned(),
+        ttl_ms,
+        request_id: request_id.to_owned(),
+    })
+}
+
+pub fn release_op(resource: &str, lease_id: LeaseId, holder: &str, request_id: &str) -> LeaseOp {
+    LeaseOp::Release(ReleaseRequest {
+        key: key(resource),
+        lease_id,
+        holder_id: holder.to_owned(),
+        request_id: request_id.to_owned(),
+    })
+}
