@@ -136,14 +136,19 @@ mod tests {
 
     #[test]
     fn key_hash_is_pinned_so_other_languages_can_check_their_port() {
-        // Changing these values moves every resource: never change them.
-        assert_eq!(
-            key_hash("acme", "jobs/nightly"),
-            key_hash("acme", "jobs/nightly")
-        );
-        let pinned = [(("acme", "jobs/nightly"), key_hash("acme", "jobs/nightly"))];
-        for ((t, r), h) in pinned {
-            assert_eq!(key_hash(t, r), h);
+        // Values computed independently with Python's `xxhash.xxh3_64_intdigest` over the
+        // documented bytes. Changing them moves every resource: never change them.
+        let pinned = [
+            ("acme", "jobs/nightly", 0x8e0e_9e28_c0af_44b3_u64, 2272),
+            ("t", "r", 0x31b0_ec9a_fe1e_97ad, 795),
+            ("tenant-a", "resource-0000001", 0x7fb3_fe24_3d40_0790, 2043),
+            ("ünï", "çødé/✓", 0x8c10_396d_47c5_e810, 2241),
+        ];
+        let map = PlacementMap::uniform(1, 64, SLOT_COUNT_DEFAULT).unwrap();
+        for (tenant, resource, hash, slot) in pinned {
+            assert_eq!(key_hash(tenant, resource), hash, "{tenant}/{resource}");
+            assert_eq!(map.slot_of(tenant, resource), slot, "{tenant}/{resource}");
+            assert_eq!(placement(tenant, resource, &map), GroupId(slot % 64));
         }
         assert_ne!(key_hash("ab", "c"), key_hash("a", "bc"));
     }

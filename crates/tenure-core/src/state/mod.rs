@@ -760,7 +760,7 @@ impl LeaseStateMachine {
         let mut leases = Vec::new();
         let mut examined = 0u32;
         let mut last = None;
-        while let Some(&(_, token, slot)) = range.next() {
+        for &(_, token, slot) in range.by_ref() {
             examined += 1;
             last = Some((token, slot));
             if let Some(record) = self.slab.get(slot)
@@ -858,14 +858,14 @@ impl LeaseStateMachine {
                 self.inactive_count
             ));
         }
-        for (tenant, state) in self.tenants.iter().enumerate() {
+        for ((tenant, state), index) in self.tenants.iter().enumerate().zip(0u32..) {
             if state.active_leases != active_per_tenant[tenant] {
                 return Err(format!(
                     "tenant {}: count {} but {} active records",
                     state.name, state.active_leases, active_per_tenant[tenant]
                 ));
             }
-            if self.tenant_index.get(&state.name) != Some(&(tenant as u32)) {
+            if self.tenant_index.get(&state.name) != Some(&index) {
                 return Err(format!("tenant {}: name index disagrees", state.name));
             }
         }

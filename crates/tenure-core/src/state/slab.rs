@@ -86,8 +86,8 @@ impl<T> Slab<T> {
         self.chunks
             .iter()
             .flat_map(|chunk| chunk.iter())
-            .enumerate()
-            .map(|(slot, cell)| (slot as u32, cell.as_ref()))
+            .zip(0u32..)
+            .map(|(cell, slot)| (slot, cell.as_ref()))
     }
 
     /// Rebuilds a slab from its slots in order and its free list (snapshot restore).
@@ -145,10 +145,11 @@ mod tests {
     #[test]
     fn slots_stay_put_across_chunk_boundaries() {
         let mut slab = Slab::new();
-        for i in 0..(CHUNK_SLOTS as u32 * 2 + 5) {
+        let count = u32::try_from(CHUNK_SLOTS).unwrap() * 2 + 5;
+        for i in 0..count {
             assert_eq!(slab.insert(i), Some(i));
         }
-        for i in 0..(CHUNK_SLOTS as u32 * 2 + 5) {
+        for i in 0..count {
             assert_eq!(slab.get(i), Some(&i));
         }
         assert_eq!(slab.iter_slots().count(), CHUNK_SLOTS * 2 + 5);

@@ -14,7 +14,7 @@ pub const TENANT: &str = "acme";
 pub struct Harness {
     pub state: LeaseStateMachine,
     pub now_ms: u64,
-    next_request: u64,
+    pub next_request: u64,
 }
 
 impl Harness {
