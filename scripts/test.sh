@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine of the project's kind (Debian, Rust toolchain, root).
+# Installs what it needs, then: format check, clippy with warnings denied, every test.
+# CI runs exactly this (.ci/run). Runtime on 2 cores: see README.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages the build or the tests need. Empty today: tenure-core is pure Rust.
+# (RocksDB's bindgen will need libclang-dev when tenure-storage lands.)
+SYSTEM_PACKAGES=()
+missing=()
+for package in "${SYSTEM_PACKAGES[@]}"; do
+  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "== installing system packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+for component in rustfmt clippy; do
+  if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
+    echo "== installing rust component $component"
+    rustup component add "$component"
+  fi
+done
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy (warnings denied)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== cargo test (unit, property, integration; benches run once in test mode)"
+# PROPTEST_CASES sets the property-test case count (default 1000 per property).
+log_dir="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$log_dir"
+log="$log_dir/test-output.log"
+set +e
+cargo test --workspace --all-targets --locked -- --nocapture 2>&1 | tee "$log" \
+  | grep --line-buffered -E '^(test result|     Running|model property|tight-bounds|error|thread .* panicked)'
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -ne 0 ]; then
+  echo "== cargo test FAILED; the last lines of $log:"
+  tail -n 300 "$log"
+  exit "$status"
+fi
+if ! cargo test --workspace --doc --locked >>"$log" 2>&1; then
+  echo "== doc tests FAILED; the last lines of $log:"
+  tail -n 100 "$log"
+  exit 1
+fi
+
+passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$log" | awk '{s+=$6} END {print s+0}')
+echo "tests: ${passed} passed, ${failed} failed"
