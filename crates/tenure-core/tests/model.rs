@@ -483,6 +483,9 @@ impl SafetyChecker {
 // ---------------------------------------------------------------- the runner
 
 /// How often each outcome occurred over the whole run: evidence the generator reaches every path.
+/// Leases an Expire could have reclaimed but left for a later one (re-filing renewed entries).
+static EXPIRE_SHORTFALL: std::sync::Mutex<u64> = std::sync::Mutex::new(0);
+
 static OUTCOME_COUNTS: std::sync::Mutex<BTreeMap<&'static str, u64>> =
     std::sync::Mutex::new(BTreeMap::new());
 
@@ -705,14 +708,14 @@ impl Run {
                 })?;
                 // Which of several leases with equal expiry goes first is the state's choice;
                 // check it is a prefix of the due list in expiry order, then mirror it.
+                // Index entries of renewed leases are re-filed as they are met, within a bound of
+                // examined entries, so an Expire may reclaim fewer than it could; it then says so.
                 let take = (*leases_max as usize).min(due.len());
-                prop_assert_eq!(out.reclaimed.len(), take);
-                prop_assert_eq!(
-                    out.result,
-                    CommandResult::Expire {
-                        more_due: due.len() > take
-                    }
-                );
+                prop_assert!(out.reclaimed.len() <= take);
+                if out.reclaimed.len() < due.len() {
+                    prop_assert_eq!(out.result.clone(), CommandResult::Expire { more_due: true });
+                }
+                *EXPIRE_SHORTFALL.lock().unwrap() += (take - out.reclaimed.len()) as u64;
                 let mut previous = 0;
                 for lease in &out.reclaimed {
                     prop_assert!(
@@ -831,9 +834,10 @@ fn random_histories_match_the_model_and_keep_every_safety_property() {
         Ok(())
     });
     eprintln!(
-        "model property test: {cases} cases, {} steps; outcomes {:?}",
+        "model property test: {cases} cases, {} steps; outcomes {:?}; expire shortfall {}",
         steps.load(std::sync::atomic::Ordering::Relaxed),
-        OUTCOME_COUNTS.lock().unwrap()
+        OUTCOME_COUNTS.lock().unwrap(),
+        EXPIRE_SHORTFALL.lock().unwrap()
     );
     if let Err(err) = result {
         panic!("{err}");

@@ -240,7 +240,62 @@ fn renew_extends_expiry_from_the_log_time_and_keeps_id_and_token() {
     let view = h.get("db").unwrap();
     assert_eq!(view.version, 2);
     assert_eq!(view.ttl_ms, 2_000);
-    assert_eq!(h.state.next_expiry_ms(), Some(h.now_ms + 2_000));
+    let next = h.state.next_expiry_ms().unwrap();
+    assert!(next <= h.now_ms + 2_000, "next_expiry_ms is a lower bound");
+}
+
+#[test]
+fn a_renewed_lease_is_not_reclaimed_at_its_old_expiry_and_is_reclaimed_at_its_new_one() {
+    let mut h = Harness::new();
+    let grant = h.acquire("db", "alice", 1_000).unwrap();
+    h.advance(500);
+    let renewed = h.renew("db", grant.lease_id, "alice", 1_000).unwrap();
+    h.advance(500);
+    let out = h.apply(Command::Expire { leases_max: 10 });
+    assert!(out.reclaimed.is_empty());
+    assert_eq!(
+        h.state.next_expiry_ms(),
+        Some(renewed.expires_at_ms),
+        "re-filed at its real expiry"
+    );
+    h.now_ms = renewed.expires_at_ms;
+    let out = h.apply(Command::Expire { leases_max: 10 });
+    assert_eq!(out.reclaimed.len(), 1);
+    assert_eq!(out.reclaimed[0].expires_at_ms, renewed.expires_at_ms);
+}
+
+#[test]
+fn an_expire_that_meets_renewed_entries_makes_bounded_progress_and_says_more_is_due() {
+    let mut h = Harness::new();
+    let mut grants = Vec::new();
+    for name in ["a", "b", "c"] {
+        grants.push(h.acquire(name, "x", 1_000).unwrap());
+    }
+    h.acquire("due", "x", 1_100).unwrap();
+    h.advance(900);
+    for (name, grant) in ["a", "b", "c"].iter().zip(&grants) {
+        h.renew(name, grant.lease_id, "x", 5_000).unwrap();
+    }
+    h.advance(300);
+    // Three stale entries sit before the one due lease; one Expire examines at most two.
+    let first = h.apply(Command::Expire { leases_max: 1 });
+    assert!(first.reclaimed.is_empty());
+    assert_eq!(first.result, CommandResult::Expire { more_due: true });
+    let second = h.apply(Command::Expire { leases_max: 1 });
+    assert_eq!(second.reclaimed.len(), 1);
+    assert_eq!(second.reclaimed[0].resource_id, "due");
+    assert_eq!(second.result, CommandResult::Expire { more_due: false });
+}
+
+#[test]
+fn a_renewal_that_shortens_a_lease_moves_its_expiry_earlier() {
+    let mut h = Harness::new();
+    let grant = h.acquire("db", "alice", 5_000).unwrap();
+    let renewed = h.renew("db", grant.lease_id, "alice", 100).unwrap();
+    assert_eq!(h.state.next_expiry_ms(), Some(renewed.expires_at_ms));
+    h.now_ms = renewed.expires_at_ms;
+    let out = h.apply(Command::Expire { leases_max: 10 });
+    assert_eq!(out.reclaimed.len(), 1);
 }
 
 #[test]

@@ -1,25 +1,27 @@
 //! Request-id deduplication: the stored outcome of every recent lease request.
 //!
 //! A record is keyed by a 128-bit XXH3 digest of `(tenant_id, resource_id, request_id)` and
-//! holds a 64-bit fingerprint of the rest of the request plus the outcome. Records live in a
-//! hash map and in a FIFO queue in recording order, which is log-time order, so retention is
-//! enforced from the queue's front without scanning:
+//! holds a 64-bit fingerprint of the rest of the request plus the outcome. Records sit in a ring
+//! (a FIFO in recording order, which is log-time order); a compact hash index maps each key to the
+//! sequence number of its live record. Retention is enforced from the ring's front, never by a
+//! scan:
 //! - a record is *visible* while `recorded_at_ms + retention_ms > now`; lookups check this, so the
 //!   window is exact even though memory is reclaimed lazily (a bounded amount per entry);
-//! - the table never holds more than `dedup_records_max` records: at the bound the oldest record
+//! - the ring never holds more than `dedup_records_max` records: at the bound the oldest record
 //!   is dropped if it is older than `dedup_retention_ms_min`, else the new request is refused with
 //!   `OVERLOADED` before it has any effect.
 //!
-//! Queue entries carry the record's sequence number; an entry whose record was replaced (a key
-//! reused after its retention) is stale and skipped. The queue, stale entries included, is part
-//! of the snapshot, so lazy reclamation proceeds identically on every replica.
+//! A key recorded again after its retention leaves its older ring entry *stale* (the index points
+//! past it); stale entries are skipped and dropped from the front. The ring, stale entries
+//! included, is the snapshot's content; the index is rebuilt from it (the last entry of a key wins),
+//! so lazy reclamation proceeds identically on every replica.
 
 use std::collections::VecDeque;
 
 use compact_str::CompactString;
 use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::Xxh3Default;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
 use crate::command::{LeaseOp, LeaseReply};
 use crate::error::{LeaseError, OverloadReason};
@@ -33,59 +35,55 @@ pub(crate) type DedupKey = u128;
 /// One remembered outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DedupRecord {
-    pub(crate) sequence: u64,
+    pub(crate) key: DedupKey,
     pub(crate) recorded_at_ms: u64,
     pub(crate) fingerprint: u64,
     pub(crate) outcome: Result<LeaseReply, LeaseError>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct QueueEntry {
-    pub(crate) key: DedupKey,
-    pub(crate) sequence: u64,
+fn push_part(scratch: &mut Vec<u8>, part: &[u8]) {
+    scratch.extend_from_slice(&(part.len() as u64).to_le_bytes());
+    scratch.extend_from_slice(part);
 }
 
-pub(crate) fn dedup_key(op: &LeaseOp) -> DedupKey {
+/// The record key of a request: XXH3-128 over the length-prefixed tenant, resource and request id.
+pub(crate) fn dedup_key(op: &LeaseOp, scratch: &mut Vec<u8>) -> DedupKey {
     let key = op.key();
-    let mut hasher = Xxh3Default::new();
-    for part in [
-        key.tenant_id.as_str(),
-        key.resource_id.as_str(),
-        op.request_id(),
-    ] {
-        hasher.update(&(part.len() as u64).to_le_bytes());
-        hasher.update(part.as_bytes());
-    }
-    hasher.digest128()
+    scratch.clear();
+    push_part(scratch, key.tenant_id.as_bytes());
+    push_part(scratch, key.resource_id.as_bytes());
+    push_part(scratch, op.request_id().as_bytes());
+    xxh3_128(scratch)
 }
 
 /// Digest of everything in a request besides its key and request id: reusing a request id for
 /// anything else (another operation, holder, lease or ttl) changes it.
-pub(crate) fn fingerprint(op: &LeaseOp) -> u64 {
-    let mut hasher = Xxh3Default::new();
+pub(crate) fn fingerprint(op: &LeaseOp, scratch: &mut Vec<u8>) -> u64 {
     let (tag, holder, lease, ttl_ms): (u8, &str, Option<_>, Option<u64>) = match op {
         LeaseOp::Acquire(r) => (1, &r.holder_id, None, Some(r.ttl_ms)),
         LeaseOp::Renew(r) => (2, &r.holder_id, Some(r.lease_id), Some(r.ttl_ms)),
         LeaseOp::Release(r) => (3, &r.holder_id, Some(r.lease_id), None),
     };
-    hasher.update(&[tag]);
-    hasher.update(&(holder.len() as u64).to_le_bytes());
-    hasher.update(holder.as_bytes());
+    scratch.clear();
+    scratch.push(tag);
+    push_part(scratch, holder.as_bytes());
     if let Some(lease) = lease {
-        hasher.update(&lease.group_id.0.to_le_bytes());
-        hasher.update(&lease.sequence.to_le_bytes());
+        scratch.extend_from_slice(&lease.group_id.0.to_le_bytes());
+        scratch.extend_from_slice(&lease.sequence.to_le_bytes());
     }
     if let Some(ttl_ms) = ttl_ms {
-        hasher.update(&ttl_ms.to_le_bytes());
+        scratch.extend_from_slice(&ttl_ms.to_le_bytes());
     }
-    hasher.digest()
+    xxh3_64(scratch)
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct DedupTable {
-    records: HashMap<DedupKey, DedupRecord, HashBuilder>,
-    queue: VecDeque<QueueEntry>,
-    next_sequence: u64,
+    /// Key -> sequence number of its live record.
+    index: HashMap<DedupKey, u64, HashBuilder>,
+    /// Records in recording order; `ring[i]` has sequence `front_sequence + i`.
+    ring: VecDeque<DedupRecord>,
+    front_sequence: u64,
 }
 
 /// What a lookup found.
@@ -98,17 +96,49 @@ pub(crate) enum Lookup<'a> {
     Conflict,
 }
 
+fn is_expired(record: &DedupRecord, now_ms: u64, limits: &GroupLimits) -> bool {
+    record
+        .recorded_at_ms
+        .saturating_add(limits.dedup_retention_ms)
+        <= now_ms
+}
+
 impl DedupTable {
     pub(crate) fn new(hash_builder: HashBuilder) -> Self {
         DedupTable {
-            records: HashMap::with_hasher(hash_builder),
-            queue: VecDeque::new(),
-            next_sequence: 0,
+            index: HashMap::with_hasher(hash_builder),
+            ring: VecDeque::new(),
+            front_sequence: 0,
         }
     }
 
+    /// Live records (the index's size).
     pub(crate) fn len(&self) -> usize {
-        self.records.len()
+        self.index.len()
+    }
+
+    /// Ring entries, stale ones included: what the bound counts.
+    pub(crate) fn ring_len(&self) -> usize {
+        self.ring.len()
+    }
+
+    fn record_at(&self, sequence: u64) -> Option<&DedupRecord> {
+        let offset = usize::try_from(sequence.checked_sub(self.front_sequence)?).ok()?;
+        self.ring.get(offset)
+    }
+
+    fn front_is_live(&self) -> Option<bool> {
+        let front = self.ring.front()?;
+        Some(self.index.get(&front.key) == Some(&self.front_sequence))
+    }
+
+    fn pop_front(&mut self, live: bool) {
+        if let Some(front) = self.ring.pop_front() {
+            if live {
+                self.index.remove(&front.key);
+            }
+            self.front_sequence += 1;
+        }
     }
 
     pub(crate) fn lookup(
@@ -118,13 +148,12 @@ impl DedupTable {
         now_ms: u64,
         limits: &GroupLimits,
     ) -> Lookup<'_> {
-        match self.records.get(&key) {
-            Some(record)
-                if record
-                    .recorded_at_ms
-                    .saturating_add(limits.dedup_retention_ms)
-                    > now_ms =>
-            {
+        let record = self
+            .index
+            .get(&key)
+            .and_then(|&sequence| self.record_at(sequence));
+        match record {
+            Some(record) if !is_expired(record, now_ms, limits) => {
                 if record.fingerprint == fingerprint {
                     Lookup::Replay(&record.outcome)
                 } else {
@@ -142,32 +171,19 @@ impl DedupTable {
         now_ms: u64,
         limits: &GroupLimits,
     ) -> Result<(), LeaseError> {
-        while self.records.len() as u64 >= limits.dedup_records_max {
-            let Some(front) = self.queue.front().copied() else {
-                // Records without queue entries cannot exist; refuse rather than grow.
-                return Err(LeaseError::Overloaded {
-                    reason: OverloadReason::DedupTableFull,
-                });
+        while self.ring.len() as u64 >= limits.dedup_records_max {
+            let (Some(live), Some(front)) = (self.front_is_live(), self.ring.front()) else {
+                break;
             };
-            match self.records.get(&front.key) {
-                Some(record) if record.sequence == front.sequence => {
-                    let age_ms = now_ms.saturating_sub(record.recorded_at_ms);
-                    let expired = record
-                        .recorded_at_ms
-                        .saturating_add(limits.dedup_retention_ms)
-                        <= now_ms;
-                    if !expired && age_ms < limits.dedup_retention_ms_min {
-                        return Err(LeaseError::Overloaded {
-                            reason: OverloadReason::DedupTableFull,
-                        });
-                    }
-                    self.records.remove(&front.key);
-                    self.queue.pop_front();
-                }
-                _ => {
-                    self.queue.pop_front();
+            if live {
+                let age_ms = now_ms.saturating_sub(front.recorded_at_ms);
+                if !is_expired(front, now_ms, limits) && age_ms < limits.dedup_retention_ms_min {
+                    return Err(LeaseError::Overloaded {
+                        reason: OverloadReason::DedupTableFull,
+                    });
                 }
             }
+            self.pop_front(live);
         }
         Ok(())
     }
@@ -180,91 +196,71 @@ impl DedupTable {
         now_ms: u64,
         outcome: Result<LeaseReply, LeaseError>,
     ) {
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
-        self.records.insert(
+        let sequence = self.front_sequence + self.ring.len() as u64;
+        self.ring.push_back(DedupRecord {
             key,
-            DedupRecord {
-                sequence,
-                recorded_at_ms: now_ms,
-                fingerprint,
-                outcome,
-            },
-        );
-        self.queue.push_back(QueueEntry { key, sequence });
+            recorded_at_ms: now_ms,
+            fingerprint,
+            outcome,
+        });
+        self.index.insert(key, sequence);
     }
 
-    /// Drops records whose retention ended and stale queue entries, at most `budget` of them.
+    /// Drops records whose retention ended and stale entries, at most `budget` of them.
     pub(crate) fn collect_garbage(&mut self, now_ms: u64, limits: &GroupLimits, mut budget: usize) {
         while budget > 0 {
-            let Some(front) = self.queue.front().copied() else {
+            let (Some(live), Some(front)) = (self.front_is_live(), self.ring.front()) else {
                 return;
             };
-            match self.records.get(&front.key) {
-                Some(record) if record.sequence == front.sequence => {
-                    if record
-                        .recorded_at_ms
-                        .saturating_add(limits.dedup_retention_ms)
-                        > now_ms
-                    {
-                        return;
-                    }
-                    self.records.remove(&front.key);
-                }
-                _ => {}
+            if live && !is_expired(front, now_ms, limits) {
+                return;
             }
-            self.queue.pop_front();
+            self.pop_front(live);
             budget -= 1;
         }
     }
 
     // ---- snapshot support ----
 
-    pub(crate) fn next_sequence(&self) -> u64 {
-        self.next_sequence
+    pub(crate) fn front_sequence(&self) -> u64 {
+        self.front_sequence
     }
 
-    pub(crate) fn queue_len(&self) -> usize {
-        self.queue.len()
+    /// Ring entries in order, stale ones included.
+    pub(crate) fn iter_ring(&self) -> impl Iterator<Item = &DedupRecord> {
+        self.ring.iter()
     }
 
-    /// Queue entries in order, each with its record when the entry is the record's live one.
-    pub(crate) fn iter_queue(&self) -> impl Iterator<Item = (QueueEntry, Option<&DedupRecord>)> {
-        self.queue.iter().map(|entry| {
-            let record = self
-                .records
-                .get(&entry.key)
-                .filter(|record| record.sequence == entry.sequence);
-            (*entry, record)
-        })
+    pub(crate) fn set_front_sequence(&mut self, front_sequence: u64) {
+        self.front_sequence = front_sequence;
     }
 
-    /// Appends a restored queue entry (and its record). Returns false if it contradicts the
-    /// entries already restored.
-    pub(crate) fn push_restored(&mut self, entry: QueueEntry, record: Option<DedupRecord>) -> bool {
-        if entry.sequence >= self.next_sequence {
-            return false;
-        }
-        if let Some(record) = record {
-            if record.sequence != entry.sequence {
-                return false;
+    /// Appends a restored ring entry; a later entry of the same key supersedes an earlier one.
+    pub(crate) fn push_restored(&mut self, record: DedupRecord) {
+        let sequence = self.front_sequence + self.ring.len() as u64;
+        self.index.insert(record.key, sequence);
+        self.ring.push_back(record);
+    }
+
+    /// Checks the index against the ring (tests and restore): O(n).
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let mut live = 0usize;
+        for (record, sequence) in self.ring.iter().zip(self.front_sequence..) {
+            if self.index.get(&record.key) == Some(&sequence) {
+                live += 1;
             }
-            // At most one live record per key: a replaced record's queue entry is stale.
-            if self.records.contains_key(&entry.key) {
-                return false;
-            }
-            self.records.insert(entry.key, record);
         }
-        self.queue.push_back(entry);
-        true
-    }
-
-    pub(crate) fn set_next_sequence(&mut self, next_sequence: u64) {
-        self.next_sequence = next_sequence;
+        if live != self.index.len() {
+            return Err(format!(
+                "dedup index has {} keys for {live} live ring entries",
+                self.index.len()
+            ));
+        }
+        Ok(())
     }
 }
 
-/// Short description of a reuse conflict, for the `INVALID_ARGUMENT` message.
+/// The error for a request id reused for a different request.
 pub(crate) fn conflict_error() -> LeaseError {
     LeaseError::InvalidArgument {
         field: CompactString::const_new("request_id"),

@@ -68,6 +68,10 @@ pub(crate) struct LeaseRecord {
     pub(crate) fencing_token: u64,
     /// Expiry while active; the moment it ended once expired or released.
     pub(crate) expires_at_ms: u64,
+    /// While active: the expiry under which the record sits in `by_expiry`. Renewals that extend
+    /// the lease leave the index alone (no random B-tree update on the hot path), so this may be
+    /// earlier than `expires_at_ms`, never later; reclaim re-files such entries when it meets them.
+    pub(crate) indexed_expiry_ms: u64,
     pub(crate) origin_group: u32,
     pub(crate) ttl_ms: u32,
     pub(crate) version: u32,
@@ -151,6 +155,8 @@ pub struct LeaseStateMachine {
     inactive_count: u64,
     dedup: DedupTable,
     hash_builder: HashBuilder,
+    /// Reusable buffer for hashing request keys; not state.
+    scratch: Vec<u8>,
 }
 
 impl LeaseStateMachine {
@@ -173,6 +179,7 @@ impl LeaseStateMachine {
             inactive_count: 0,
             dedup: DedupTable::new(hash_builder.clone()),
             hash_builder,
+            scratch: Vec::with_capacity(256),
         }
     }
 
@@ -191,8 +198,9 @@ impl LeaseStateMachine {
         self.last_log_time_ms
     }
 
-    /// The earliest expiry among active records, if any: when the leader should next propose
-    /// an Expire command.
+    /// A lower bound on the earliest expiry among active records, if any: when the leader should
+    /// next propose an Expire command. (A lease renewed since it was indexed may turn out to
+    /// expire later; the Expire then re-files it.)
     pub fn next_expiry_ms(&self) -> Option<u64> {
         self.by_expiry
             .first()
@@ -289,8 +297,8 @@ impl LeaseStateMachine {
         if let Err(err) = checked {
             return fresh(Err(err));
         }
-        let key = dedup::dedup_key(op);
-        let fingerprint = dedup::fingerprint(op);
+        let key = dedup::dedup_key(op, &mut self.scratch);
+        let fingerprint = dedup::fingerprint(op, &mut self.scratch);
         match self.dedup.lookup(key, fingerprint, now_ms, &self.limits) {
             Lookup::Replay(outcome) => {
                 return LeaseOutcome {
@@ -352,12 +360,12 @@ impl LeaseStateMachine {
                 return Err(quota_exceeded);
             }
             let old_token = record.fencing_token;
-            let old_expiry = record.expires_at_ms;
+            let old_indexed = record.indexed_expiry_ms;
             let token = self.take_sequence();
             // Safety invariant (contract 3.2): a new grant's token exceeds every earlier one.
             assert!(token > old_token, "fencing token would not increase");
             if was_active {
-                self.by_expiry.remove(&(old_expiry, slot));
+                self.by_expiry.remove(&(old_indexed, slot));
             } else {
                 self.inactive_count -= 1;
                 self.tenants[tenant as usize].active_leases += 1;
@@ -370,6 +378,7 @@ impl LeaseStateMachine {
             record.holder_id = CompactString::from(request.holder_id.as_str());
             record.fencing_token = token;
             record.expires_at_ms = expires_at_ms;
+            record.indexed_expiry_ms = expires_at_ms;
             record.origin_group = group;
             record.ttl_ms = ttl_ms;
             record.version = 1;
@@ -399,6 +408,7 @@ impl LeaseStateMachine {
             holder_id: CompactString::from(request.holder_id.as_str()),
             fencing_token: token,
             expires_at_ms,
+            indexed_expiry_ms: expires_at_ms,
             origin_group: self.group_id.0,
             ttl_ms,
             version: 1,
@@ -437,13 +447,19 @@ impl LeaseStateMachine {
         )?;
         let expires_at_ms = now_ms.saturating_add(request.ttl_ms);
         let record = self.record_mut(slot);
-        let old_expiry = record.expires_at_ms;
         record.expires_at_ms = expires_at_ms;
         record.ttl_ms = ttl_ms;
         record.version = record.version.saturating_add(1);
+        let old_indexed = record.indexed_expiry_ms;
+        if expires_at_ms < old_indexed {
+            // A renewal that shortens the lease must move it earlier in the index at once.
+            record.indexed_expiry_ms = expires_at_ms;
+        }
         let parts = record_view_parts(record);
-        self.by_expiry.remove(&(old_expiry, slot));
-        self.by_expiry.insert((expires_at_ms, slot));
+        if expires_at_ms < old_indexed {
+            self.by_expiry.remove(&(old_indexed, slot));
+            self.by_expiry.insert((expires_at_ms, slot));
+        }
         Ok(LeaseReply::Renewed(grant(parts, now_ms, false)))
     }
 
@@ -460,12 +476,12 @@ impl LeaseStateMachine {
             now_ms,
         )?;
         let record = self.record_mut(slot);
-        let old_expiry = record.expires_at_ms;
+        let old_indexed = record.indexed_expiry_ms;
         record.expires_at_ms = now_ms;
         record.status = RecordStatus::Released;
         record.version = record.version.saturating_add(1);
         let (lease_id, token, tenant) = (record.lease_id(), record.fencing_token, record.tenant);
-        self.by_expiry.remove(&(old_expiry, slot));
+        self.by_expiry.remove(&(old_indexed, slot));
         self.tenants[tenant as usize].active_leases -= 1;
         self.mark_inactive(slot, token);
         Ok(LeaseReply::Released(ReleaseReceipt {
@@ -546,26 +562,39 @@ impl LeaseStateMachine {
     }
 
     /// Reclaims up to `leases_max` records whose expiry is at or before `now_ms`, oldest first.
+    /// Entries of leases renewed since they were indexed are re-filed under their real expiry
+    /// (so the order stays exact); at most `2 * leases_max` index entries are examined.
     fn reclaim_due(&mut self, now_ms: u64, leases_max: u32, reclaimed: &mut Vec<ReclaimedLease>) {
-        for _ in 0..leases_max {
-            let Some(&(expires_at_ms, slot)) = self.by_expiry.first() else {
+        let mut reclaimed_count = 0u32;
+        let mut examined = 0u64;
+        let examined_max = 2 * u64::from(leases_max);
+        while reclaimed_count < leases_max && examined < examined_max {
+            let Some(&(indexed_at_ms, slot)) = self.by_expiry.first() else {
                 return;
             };
-            if expires_at_ms > now_ms {
+            if indexed_at_ms > now_ms {
                 return;
             }
             self.by_expiry.pop_first();
+            examined += 1;
             let record = self.record_mut(slot);
             assert_eq!(
                 record.status,
                 RecordStatus::Active,
                 "expiry index names an inactive record"
             );
+            if record.expires_at_ms > indexed_at_ms {
+                let expires_at_ms = record.expires_at_ms;
+                record.indexed_expiry_ms = expires_at_ms;
+                self.by_expiry.insert((expires_at_ms, slot));
+                continue;
+            }
             record.status = RecordStatus::Expired;
             let token = record.fencing_token;
             let tenant = record.tenant;
             let resource_id = record.resource_id.clone();
             let lease_id = record.lease_id();
+            let expires_at_ms = record.expires_at_ms;
             reclaimed.push(ReclaimedLease {
                 tenant_id: self.tenants[tenant as usize].name.clone(),
                 resource_id,
@@ -573,6 +602,7 @@ impl LeaseStateMachine {
                 fencing_token: token,
                 expires_at_ms,
             });
+            reclaimed_count += 1;
             self.tenants[tenant as usize].active_leases -= 1;
             self.mark_inactive(slot, token);
         }
@@ -816,7 +846,12 @@ impl LeaseStateMachine {
                     record.fencing_token
                 ));
             }
-            let in_expiry = self.by_expiry.contains(&(record.expires_at_ms, slot));
+            let in_expiry = self.by_expiry.contains(&(record.indexed_expiry_ms, slot));
+            if record.status == RecordStatus::Active
+                && record.indexed_expiry_ms > record.expires_at_ms
+            {
+                return Err(format!("slot {slot}: indexed after its expiry"));
+            }
             if (record.status == RecordStatus::Active) != in_expiry {
                 return Err(format!(
                     "slot {slot}: expiry index disagrees with status {:?}",
@@ -852,6 +887,7 @@ impl LeaseStateMachine {
                 self.by_expiry.len()
             ));
         }
+        self.dedup.check()?;
         if inactive != self.inactive_count {
             return Err(format!(
                 "inactive count {} but {inactive} inactive records",

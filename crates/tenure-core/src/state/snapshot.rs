@@ -9,7 +9,7 @@
 //!   Option<Record> x slots   every slot below the high-water mark, in slot order
 //!   Vec<u32>                 free list, in chunks of at most 16384
 //!   Vec<(u32,u64)>           inactive queue (slot, token), in chunks, stale entries included
-//!   (entry, Option<record>)  dedup queue in order, each with its record when live
+//!   DedupRecord   x ring     request-id ring in order, stale entries included
 //! checksum                   u64 little-endian XXH3-64 of every byte before it
 //! ```
 //!
@@ -24,7 +24,7 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use xxhash_rust::xxh3::Xxh3Default;
 
-use super::dedup::{DedupRecord, QueueEntry};
+use super::dedup::DedupRecord;
 use super::{LeaseRecord, LeaseStateMachine, RecordStatus, StateOptions, TenantState};
 use crate::ids::{GroupId, validate_holder_id, validate_resource_id, validate_tenant_id};
 use crate::limits::GroupLimits;
@@ -100,8 +100,8 @@ struct Meta {
     free_slots: u32,
     inactive_queue: u64,
     inactive_count: u64,
-    dedup_queue: u64,
-    dedup_next_sequence: u64,
+    dedup_ring: u64,
+    dedup_front_sequence: u64,
 }
 
 struct HashingWriter<W> {
@@ -195,8 +195,8 @@ impl LeaseStateMachine {
             free_slots: count(self.slab.free_list().len(), "free slots")?,
             inactive_queue: self.inactive.len() as u64,
             inactive_count: self.inactive_count,
-            dedup_queue: self.dedup.queue_len() as u64,
-            dedup_next_sequence: self.dedup.next_sequence(),
+            dedup_ring: self.dedup.ring_len() as u64,
+            dedup_front_sequence: self.dedup.front_sequence(),
         })?;
         for tenant in &self.tenants {
             out.frame(tenant)?;
@@ -220,8 +220,8 @@ impl LeaseStateMachine {
         if !inactive.is_empty() {
             out.frame(&inactive)?;
         }
-        for (entry, record) in self.dedup.iter_queue() {
-            out.frame(&(entry, record))?;
+        for record in self.dedup.iter_ring() {
+            out.frame(record)?;
         }
         let checksum = out.hasher.digest();
         out.inner
@@ -301,10 +301,11 @@ impl LeaseStateMachine {
                 return Err(corrupt("slot numbering"));
             }
             if let Some(record) = state.slab.get(slot) {
-                let (tenant, token, expires_at_ms, status) = (
+                let (tenant, token, expires_at_ms, indexed_expiry_ms, status) = (
                     record.tenant,
                     record.fencing_token,
                     record.expires_at_ms,
+                    record.indexed_expiry_ms,
                     record.status,
                 );
                 if state.find_slot(tenant, &record.resource_id).is_some() {
@@ -317,7 +318,10 @@ impl LeaseStateMachine {
                     )));
                 }
                 if status == RecordStatus::Active {
-                    state.by_expiry.insert((expires_at_ms, slot));
+                    if indexed_expiry_ms > expires_at_ms {
+                        return Err(corrupt(format!("slot {slot}: indexed after its expiry")));
+                    }
+                    state.by_expiry.insert((indexed_expiry_ms, slot));
                 }
             }
         }
@@ -368,23 +372,10 @@ impl LeaseStateMachine {
         }
         state.inactive_count = meta.inactive_count;
 
-        if meta.dedup_queue > 0 && meta.dedup_queue > meta.dedup_next_sequence {
-            return Err(corrupt("dedup queue longer than its sequence"));
-        }
-        state.dedup.set_next_sequence(meta.dedup_next_sequence);
-        let mut previous_sequence = None;
-        for _ in 0..meta.dedup_queue {
-            let (entry, record): (QueueEntry, Option<DedupRecord>) = input.frame("dedup entry")?;
-            if previous_sequence.is_some_and(|previous| entry.sequence <= previous) {
-                return Err(corrupt("dedup queue out of order"));
-            }
-            previous_sequence = Some(entry.sequence);
-            if !state.dedup.push_restored(entry, record) {
-                return Err(corrupt(format!(
-                    "dedup entry {} contradicts the queue",
-                    entry.sequence
-                )));
-            }
+        state.dedup.set_front_sequence(meta.dedup_front_sequence);
+        for _ in 0..meta.dedup_ring {
+            let record: DedupRecord = input.frame("dedup record")?;
+            state.dedup.push_restored(record);
         }
 
         let computed = input.hasher.digest();
