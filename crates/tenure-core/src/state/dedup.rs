@@ -206,15 +206,18 @@ impl DedupTable {
         self.index.insert(key, sequence);
     }
 
-    /// Drops records whose retention ended and stale entries, at most `budget` of them.
+    /// Drops entries whose retention ended (live or stale) from the front, at most `budget`.
     pub(crate) fn collect_garbage(&mut self, now_ms: u64, limits: &GroupLimits, mut budget: usize) {
         while budget > 0 {
-            let (Some(live), Some(front)) = (self.front_is_live(), self.ring.front()) else {
+            // Only an expired front is worth the index probe: a fresh one (live or stale) stops
+            // the sweep, so a table in steady state costs one sequential read per entry here.
+            let Some(front) = self.ring.front() else {
                 return;
             };
-            if live && !is_expired(front, now_ms, limits) {
+            if !is_expired(front, now_ms, limits) {
                 return;
             }
+            let live = self.front_is_live().unwrap_or(false);
             self.pop_front(live);
             budget -= 1;
         }
