@@ -33,7 +33,7 @@ echo "== cargo clippy (warnings denied)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== cargo test (unit, property, integration; benches run once in test mode)"
-# PROPTEST_CASES sets the property-test case count (default 1000 per property).
+# PROPTEST_CASES sets the property-test case count (default 4000 per property).
 log_dir="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$log_dir"
 log="$log_dir/test-output.log"

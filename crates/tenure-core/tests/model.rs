@@ -11,7 +11,7 @@
 //!   (never snapshotted) produce identical outputs and byte-identical snapshots;
 //! - the state's internal invariants hold.
 //!
-//! `PROPTEST_CASES` sets the number of cases (default 1000); the count run is printed.
+//! `PROPTEST_CASES` sets the number of cases (default 4000); the count run is printed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -812,7 +812,7 @@ fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000)
+        .unwrap_or(4_000)
 }
 
 #[test]
