@@ -4,4 +4,5 @@
 # holding one million active leases, reporting memory per lease and renewals applied per second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
 exec cargo run --release --locked -p tenure-bench --bin lease_memory -- "$@"

@@ -20,6 +20,19 @@ pub struct Entry {
     pub command: Command,
 }
 
+impl std::fmt::Display for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "@{}ms ", self.log_time_ms)?;
+        match &self.command {
+            Command::Lease(op) => write!(f, "{}", op.kind_name()),
+            Command::Batch(ops) => write!(f, "Batch[{}]", ops.len()),
+            Command::Expire { leases_max } => write!(f, "Expire<={leases_max}"),
+            Command::SetTenantPolicy { tenant_id, .. } => write!(f, "SetTenantPolicy({tenant_id})"),
+            Command::SetGroupLimits(_) => f.write_str("SetGroupLimits"),
+        }
+    }
+}
+
 /// Everything a group's log can carry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -62,6 +75,15 @@ impl LeaseOp {
             LeaseOp::Acquire(r) => &r.key,
             LeaseOp::Renew(r) => &r.key,
             LeaseOp::Release(r) => &r.key,
+        }
+    }
+
+    /// `Acquire`, `Renew` or `Release`.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            LeaseOp::Acquire(_) => "Acquire",
+            LeaseOp::Renew(_) => "Renew",
+            LeaseOp::Release(_) => "Release",
         }
     }
 

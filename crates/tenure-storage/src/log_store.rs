@@ -1,0 +1,348 @@
+//! The Raft log of one group: openraft's `RaftLogStorage` over the node's shared RocksDB.
+//!
+//! - `append` writes one unsynced batch and hands its callback to the node's flusher;
+//! - `save_vote` is synced before it returns;
+//! - `truncate_after` and `purge` are range deletes (purge records the purged id first);
+//! - every read verifies checksums; a corrupt value stops the group with a typed error naming the
+//!   group and the index.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use openraft::alias::{LogIdOf, VoteOf};
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
+use rocksdb::{Direction, IteratorMode, WriteBatch};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::codec::{self, META_COMMITTED, META_LAST_PURGED, META_VOTE};
+use crate::error::StoreError;
+use crate::node::{CF_LOG, CF_META, Shared};
+use crate::{LogEntry, TenureRaft};
+
+/// The log store of one group replica. Cheap to clone; clones share the node's database.
+#[derive(Clone)]
+pub struct GroupLogStore {
+    shared: Arc<Shared>,
+    group: u32,
+}
+
+impl Debug for GroupLogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupLogStore")
+            .field("group", &self.group)
+            .finish()
+    }
+}
+
+async fn blocking<T, F>(work: F) -> Result<T, io::Error>
+where
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| io::Error::other(format!("storage task failed: {err}")))?
+        .map_err(io::Error::from)
+}
+
+impl GroupLogStore {
+    pub(crate) fn new(shared: Arc<Shared>, group: u32) -> Self {
+        GroupLogStore { shared, group }
+    }
+
+    /// The group this store belongs to.
+    pub fn group(&self) -> u32 {
+        self.group
+    }
+
+    fn corrupt(&self, what: String, source: codec::DecodeError) -> StoreError {
+        self.shared.inner.stop_group(
+            self.group,
+            StoreError::Corrupt {
+                group: self.group,
+                what,
+                source,
+            },
+        )
+    }
+
+    fn read_error(&self, operation: &'static str, err: rocksdb::Error) -> StoreError {
+        self.shared.inner.stop_group(
+            self.group,
+            StoreError::Io {
+                group: self.group,
+                operation,
+                detail: err.to_string(),
+            },
+        )
+    }
+
+    fn get_meta<T: DeserializeOwned>(&self, tag: u8, what: &str) -> Result<Option<T>, StoreError> {
+        let inner = &self.shared.inner;
+        inner.check_group(self.group)?;
+        let bytes = inner
+            .db
+            .get_cf(inner.cf(CF_META)?, codec::tagged_key(self.group, tag))
+            .map_err(|err| self.read_error("meta read", err))?;
+        bytes
+            .map(|bytes| codec::decode(&bytes).map_err(|err| self.corrupt(what.to_owned(), err)))
+            .transpose()
+    }
+
+    fn meta_batch<T: Serialize>(&self, tag: u8, value: &T) -> Result<WriteBatch, StoreError> {
+        let inner = &self.shared.inner;
+        let bytes = codec::encode(value).map_err(|err| StoreError::Io {
+            group: self.group,
+            operation: "encode meta",
+            detail: err.to_string(),
+        })?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(
+            inner.cf(CF_META)?,
+            codec::tagged_key(self.group, tag),
+            bytes,
+        );
+        Ok(batch)
+    }
+
+    fn decode_entry(&self, key: &[u8], value: &[u8]) -> Result<LogEntry, StoreError> {
+        let index = codec::parse_log_key(key).map_or(u64::MAX, |(_, index)| index);
+        let entry: LogEntry =
+            codec::decode(value).map_err(|err| self.corrupt(format!("log entry {index}"), err))?;
+        if entry.index() != index {
+            return Err(self.shared.inner.stop_group(
+                self.group,
+                StoreError::MisplacedEntry {
+                    group: self.group,
+                    stored_at: index,
+                    found: entry.index(),
+                },
+            ));
+        }
+        Ok(entry)
+    }
+
+    /// Entries with index in `[start, end)`, in order, from the first present one; stops at the
+    /// first gap after it (a log never has holes, so a gap means the range ended).
+    pub fn read_range(&self, start: u64, end: u64) -> Result<Vec<LogEntry>, StoreError> {
+        let inner = &self.shared.inner;
+        inner.check_group(self.group)?;
+        let mut entries = Vec::new();
+        if start >= end {
+            return Ok(entries);
+        }
+        let from = codec::log_key(self.group, start);
+        let iter = inner.db.iterator_cf(
+            inner.cf(CF_LOG)?,
+            IteratorMode::From(&from, Direction::Forward),
+        );
+        let mut expected: Option<u64> = None;
+        for item in iter {
+            let (key, value) = item.map_err(|err| self.read_error("log read", err))?;
+            let Some((group, index)) = codec::parse_log_key(&key) else {
+                break;
+            };
+            if group != self.group || index >= end || expected.is_some_and(|e| e != index) {
+                break;
+            }
+            entries.push(self.decode_entry(&key, &value)?);
+            expected = index.checked_add(1);
+        }
+        Ok(entries)
+    }
+
+    /// The last entry of this group's log, if any.
+    pub fn last_entry(&self) -> Result<Option<LogEntry>, StoreError> {
+        let inner = &self.shared.inner;
+        inner.check_group(self.group)?;
+        let from = codec::log_key(self.group, u64::MAX);
+        let mut iter = inner.db.iterator_cf(
+            inner.cf(CF_LOG)?,
+            IteratorMode::From(&from, Direction::Reverse),
+        );
+        match iter.next() {
+            Some(item) => {
+                let (key, value) = item.map_err(|err| self.read_error("log read", err))?;
+                match codec::parse_log_key(&key) {
+                    Some((group, _)) if group == self.group => {
+                        Ok(Some(self.decode_entry(&key, &value)?))
+                    }
+                    _ => Ok(None),
+                }
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The first entry of this group's log, if any.
+    pub fn first_entry(&self) -> Result<Option<LogEntry>, StoreError> {
+        let inner = &self.shared.inner;
+        inner.check_group(self.group)?;
+        let from = codec::log_key(self.group, 0);
+        let mut iter = inner.db.iterator_cf(
+            inner.cf(CF_LOG)?,
+            IteratorMode::From(&from, Direction::Forward),
+        );
+        match iter.next() {
+            Some(item) => {
+                let (key, value) = item.map_err(|err| self.read_error("log read", err))?;
+                match codec::parse_log_key(&key) {
+                    Some((group, _)) if group == self.group => {
+                        Ok(Some(self.decode_entry(&key, &value)?))
+                    }
+                    _ => Ok(None),
+                }
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    let start = match range.start_bound() {
+        Bound::Included(&x) => x,
+        Bound::Excluded(&x) => x.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&x) => x.saturating_add(1),
+        Bound::Excluded(&x) => x,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+impl RaftLogReader<TenureRaft> for GroupLogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<LogEntry>, io::Error> {
+        let (start, end) = bounds(&range);
+        Ok(self.read_range(start, end)?)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<VoteOf<TenureRaft>>, io::Error> {
+        Ok(self.get_meta(META_VOTE, "vote")?)
+    }
+}
+
+impl RaftLogStorage<TenureRaft> for GroupLogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TenureRaft>, io::Error> {
+        let last_purged: Option<LogIdOf<TenureRaft>> =
+            self.get_meta(META_LAST_PURGED, "last purged log id")?;
+        let last = self.last_entry()?.map(|entry| entry.log_id());
+        Ok(LogState {
+            last_log_id: last.or_else(|| last_purged.clone()),
+            last_purged_log_id: last_purged,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &VoteOf<TenureRaft>) -> Result<(), io::Error> {
+        self.shared.inner.check_group(self.group)?;
+        let batch = self.meta_batch(META_VOTE, vote)?;
+        let store = self.clone();
+        blocking(move || {
+            store
+                .shared
+                .inner
+                .write_synced(store.group, batch, "save vote")
+        })
+        .await
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogIdOf<TenureRaft>>,
+    ) -> Result<(), io::Error> {
+        self.shared.inner.check_group(self.group)?;
+        let batch = self.meta_batch(META_COMMITTED, &committed)?;
+        // Not synced: a lost committed id only means re-applying from the snapshot on restart.
+        Ok(self
+            .shared
+            .inner
+            .write_unsynced(self.group, batch, "save committed")?)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogIdOf<TenureRaft>>, io::Error> {
+        Ok(self
+            .get_meta::<Option<LogIdOf<TenureRaft>>>(META_COMMITTED, "committed log id")?
+            .flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TenureRaft>,
+    ) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = LogEntry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let inner = &self.shared.inner;
+        inner.check_group(self.group)?;
+        let cf = inner.cf(CF_LOG)?;
+        let mut batch = WriteBatch::default();
+        let mut count = 0u64;
+        for entry in entries {
+            let value = codec::encode(&entry).map_err(|err| StoreError::Io {
+                group: self.group,
+                operation: "encode entry",
+                detail: err.to_string(),
+            })?;
+            batch.put_cf(cf, codec::log_key(self.group, entry.index()), value);
+            count += 1;
+        }
+        inner.write_unsynced(self.group, batch, "append")?;
+        inner.stats.appends.fetch_add(1, Ordering::Relaxed);
+        inner
+            .stats
+            .entries_appended
+            .fetch_add(count, Ordering::Relaxed);
+        inner.enqueue_flush(callback);
+        Ok(())
+    }
+
+    async fn truncate_after(
+        &mut self,
+        last_log_id: Option<LogIdOf<TenureRaft>>,
+    ) -> Result<(), io::Error> {
+        let inner = &self.shared.inner;
+        inner.check_group(self.group)?;
+        let first_removed = last_log_id.map_or(0, |id| id.index() + 1);
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(
+            inner.cf(CF_LOG)?,
+            codec::log_key(self.group, first_removed),
+            codec::log_key(self.group, u64::MAX),
+        );
+        batch.delete_cf(inner.cf(CF_LOG)?, codec::log_key(self.group, u64::MAX));
+        // Not synced: the entries removed were never committed, and a later append is synced
+        // before it is acknowledged, which makes this delete durable too (same WAL, in order).
+        Ok(inner.write_unsynced(self.group, batch, "truncate")?)
+    }
+
+    async fn purge(&mut self, log_id: LogIdOf<TenureRaft>) -> Result<(), io::Error> {
+        let inner = &self.shared.inner;
+        inner.check_group(self.group)?;
+        let mut batch = self.meta_batch(META_LAST_PURGED, &log_id)?;
+        batch.delete_range_cf(
+            inner.cf(CF_LOG)?,
+            codec::log_key(self.group, 0),
+            codec::log_key(self.group, log_id.index() + 1),
+        );
+        // One batch: the purged id and the deletion land together or not at all.
+        Ok(inner.write_unsynced(self.group, batch, "purge")?)
+    }
+}

@@ -1,0 +1,340 @@
+//! One RocksDB instance per node, shared by every group replica on it, and the single flusher
+//! that makes all groups' appends durable with one WAL sync.
+//!
+//! Appends write unsynced batches (they are readable at once) and queue their `IOFlushed`
+//! callbacks. The flusher thread takes every callback queued so far, syncs the WAL once
+//! (`flush_wal(true)`), and completes them all: a callback is only ever completed by a sync that
+//! started after its write returned, so success means durable. While one sync runs, new
+//! callbacks gather for the next: group commit without a timer.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use openraft::storage::IOFlushed;
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
+
+use crate::TenureRaft;
+use crate::error::StoreError;
+
+/// Column family of log entries.
+pub const CF_LOG: &str = "log";
+/// Column family of per-group Raft metadata (vote, committed, last purged).
+pub const CF_META: &str = "meta";
+/// Column family of per-group state-machine records (current snapshot pointer).
+pub const CF_STATE: &str = "state";
+
+/// How the store runs.
+#[derive(Debug, Clone)]
+pub struct StorageOptions {
+    /// Sync the WAL before acknowledging appends and votes. Only tests of non-durability turn this
+    /// off; a node must never run without it.
+    pub fsync: bool,
+    /// Size of RocksDB's block cache shared by all column families, in bytes.
+    pub block_cache_bytes: usize,
+    /// Write buffer (memtable) size per column family, in bytes.
+    pub write_buffer_bytes: usize,
+}
+
+impl Default for StorageOptions {
+    fn default() -> Self {
+        StorageOptions {
+            fsync: true,
+            block_cache_bytes: 64 << 20,
+            write_buffer_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Counters of the node's storage activity.
+#[derive(Debug, Default)]
+pub struct StorageStats {
+    /// WAL syncs performed by the flusher.
+    pub fsyncs: AtomicU64,
+    /// Append calls.
+    pub appends: AtomicU64,
+    /// Log entries appended.
+    pub entries_appended: AtomicU64,
+    /// Append callbacks completed by the flusher.
+    pub callbacks_completed: AtomicU64,
+    /// Total microseconds spent inside WAL syncs.
+    pub fsync_micros: AtomicU64,
+}
+
+/// A point-in-time copy of [`StorageStats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// WAL syncs performed by the flusher.
+    pub fsyncs: u64,
+    /// Append calls.
+    pub appends: u64,
+    /// Log entries appended.
+    pub entries_appended: u64,
+    /// Append callbacks completed by the flusher.
+    pub callbacks_completed: u64,
+    /// Total microseconds spent inside WAL syncs.
+    pub fsync_micros: u64,
+}
+
+#[derive(Default)]
+struct FlushQueue {
+    pending: Vec<IOFlushed<TenureRaft>>,
+    shutdown: bool,
+}
+
+pub(crate) struct Inner {
+    pub(crate) db: DB,
+    pub(crate) data_dir: PathBuf,
+    pub(crate) options: StorageOptions,
+    pub(crate) stats: StorageStats,
+    queue: Mutex<FlushQueue>,
+    queue_ready: Condvar,
+    stopped: Mutex<HashMap<u32, String>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves plain data behind; keep going.
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Inner {
+    pub(crate) fn cf(&self, name: &'static str) -> Result<&ColumnFamily, StoreError> {
+        self.db.cf_handle(name).ok_or_else(|| StoreError::Io {
+            group: u32::MAX,
+            operation: "column family lookup",
+            detail: format!("column family {name} is missing"),
+        })
+    }
+
+    /// Refuses work for a group that has stopped.
+    pub(crate) fn check_group(&self, group: u32) -> Result<(), StoreError> {
+        match lock(&self.stopped).get(&group) {
+            Some(reason) => Err(StoreError::GroupStopped {
+                group,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Records that a group must stop serving, and returns the error for the caller.
+    pub(crate) fn stop_group(&self, group: u32, err: StoreError) -> StoreError {
+        tracing::error!(group, error = %err, "storage failure: the group stops serving");
+        lock(&self.stopped)
+            .entry(group)
+            .or_insert_with(|| err.to_string());
+        err
+    }
+
+    /// Writes a batch without syncing (readable at once, durable at the next flush).
+    pub(crate) fn write_unsynced(
+        &self,
+        group: u32,
+        batch: WriteBatch,
+        operation: &'static str,
+    ) -> Result<(), StoreError> {
+        let mut options = WriteOptions::default();
+        options.set_sync(false);
+        self.db.write_opt(batch, &options).map_err(|err| {
+            self.stop_group(
+                group,
+                StoreError::Io {
+                    group,
+                    operation,
+                    detail: err.to_string(),
+                },
+            )
+        })
+    }
+
+    /// Writes a batch and syncs the WAL before returning (blocking).
+    pub(crate) fn write_synced(
+        &self,
+        group: u32,
+        batch: WriteBatch,
+        operation: &'static str,
+    ) -> Result<(), StoreError> {
+        let mut options = WriteOptions::default();
+        options.set_sync(self.options.fsync);
+        self.db.write_opt(batch, &options).map_err(|err| {
+            self.stop_group(
+                group,
+                StoreError::Io {
+                    group,
+                    operation,
+                    detail: err.to_string(),
+                },
+            )
+        })
+    }
+
+    pub(crate) fn enqueue_flush(&self, callback: IOFlushed<TenureRaft>) {
+        let mut queue = lock(&self.queue);
+        queue.pending.push(callback);
+        drop(queue);
+        self.queue_ready.notify_one();
+    }
+
+    fn flusher_loop(self: Arc<Self>) {
+        loop {
+            let batch = {
+                let mut queue = lock(&self.queue);
+                while queue.pending.is_empty() && !queue.shutdown {
+                    queue = self
+                        .queue_ready
+                        .wait(queue)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+                if queue.pending.is_empty() {
+                    return;
+                }
+                std::mem::take(&mut queue.pending)
+            };
+            let started = std::time::Instant::now();
+            let result = if self.options.fsync {
+                self.db.flush_wal(true).map_err(|err| err.to_string())
+            } else {
+                Ok(())
+            };
+            let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+            self.stats.fsync_micros.fetch_add(micros, Ordering::Relaxed);
+            let completed = batch.len() as u64;
+            for callback in batch {
+                callback.io_completed(result.clone().map_err(|detail| {
+                    io::Error::from(StoreError::Io {
+                        group: u32::MAX,
+                        operation: "WAL sync",
+                        detail,
+                    })
+                }));
+            }
+            self.stats
+                .callbacks_completed
+                .fetch_add(completed, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Owns the flusher thread; dropped with the last handle to the store.
+pub(crate) struct Shared {
+    pub(crate) inner: Arc<Inner>,
+    flusher: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        lock(&self.inner.queue).shutdown = true;
+        self.inner.queue_ready.notify_all();
+        if let Some(handle) = lock(&self.flusher).take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// The storage of one node: one RocksDB instance for every group replica on it.
+#[derive(Clone)]
+pub struct NodeStorage {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for NodeStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeStorage")
+            .field("data_dir", &self.shared.inner.data_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeStorage {
+    /// Opens (creating if needed) the store in `data_dir`. Reopening after a crash needs no
+    /// repair: RocksDB replays its WAL, and only synced writes were ever acknowledged.
+    pub fn open(data_dir: &Path, options: StorageOptions) -> Result<Self, StoreError> {
+        let open_error = |detail: String| StoreError::Open {
+            path: data_dir.to_path_buf(),
+            detail,
+        };
+        std::fs::create_dir_all(data_dir.join("snapshots"))
+            .map_err(|err| open_error(err.to_string()))?;
+        let cache = rocksdb::Cache::new_lru_cache(options.block_cache_bytes);
+        let mut table = rocksdb::BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        let cf_options = || {
+            let mut cf = Options::default();
+            cf.set_block_based_table_factory(&table);
+            cf.set_write_buffer_size(options.write_buffer_bytes);
+            cf
+        };
+        let mut db_options = Options::default();
+        db_options.create_if_missing(true);
+        db_options.create_missing_column_families(true);
+        // Checksums on every block read, and paranoid checks when opening.
+        db_options.set_paranoid_checks(true);
+        let descriptors = [CF_LOG, CF_META, CF_STATE]
+            .into_iter()
+            .map(|name| ColumnFamilyDescriptor::new(name, cf_options()));
+        let db = DB::open_cf_descriptors(&db_options, data_dir.join("db"), descriptors)
+            .map_err(|err| open_error(err.to_string()))?;
+        let inner = Arc::new(Inner {
+            db,
+            data_dir: data_dir.to_path_buf(),
+            options,
+            stats: StorageStats::default(),
+            queue: Mutex::new(FlushQueue::default()),
+            queue_ready: Condvar::new(),
+            stopped: Mutex::new(HashMap::new()),
+        });
+        let flusher_inner = Arc::clone(&inner);
+        let handle = std::thread::Builder::new()
+            .name("tenure-wal-flusher".to_owned())
+            .spawn(move || flusher_loop_entry(flusher_inner))
+            .map_err(|err| open_error(format!("cannot start the flusher: {err}")))?;
+        Ok(NodeStorage {
+            shared: Arc::new(Shared {
+                inner,
+                flusher: Mutex::new(Some(handle)),
+            }),
+        })
+    }
+
+    /// The log store of one group.
+    pub fn log_store(&self, group: u32) -> crate::GroupLogStore {
+        crate::GroupLogStore::new(Arc::clone(&self.shared), group)
+    }
+
+    /// Counters of storage activity since open.
+    pub fn stats(&self) -> StatsSnapshot {
+        let stats = &self.shared.inner.stats;
+        StatsSnapshot {
+            fsyncs: stats.fsyncs.load(Ordering::Relaxed),
+            appends: stats.appends.load(Ordering::Relaxed),
+            entries_appended: stats.entries_appended.load(Ordering::Relaxed),
+            callbacks_completed: stats.callbacks_completed.load(Ordering::Relaxed),
+            fsync_micros: stats.fsync_micros.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Groups that have stopped after a failure, with the first failure of each.
+    pub fn stopped_groups(&self) -> Vec<(u32, String)> {
+        let mut stopped: Vec<_> = lock(&self.shared.inner.stopped)
+            .iter()
+            .map(|(group, reason)| (*group, reason.clone()))
+            .collect();
+        stopped.sort();
+        stopped
+    }
+
+    /// The directory holding this node's data.
+    pub fn data_dir(&self) -> &Path {
+        &self.shared.inner.data_dir
+    }
+}
+
+fn flusher_loop_entry(inner: Arc<Inner>) {
+    inner.flusher_loop();
+}

@@ -1,0 +1,311 @@
+//! Behaviour of the multi-group store: isolation by group prefix, shared flushing, durable votes,
+//! typed corruption errors that stop only the affected group, and snapshots that survive reopen.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use openraft::RaftLogReader;
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::testing::log_id;
+use openraft::type_config::TypeConfigExt;
+use tempfile::TempDir;
+use tenure_core::{
+    AcquireRequest, Command, Entry, LeaseOp, LeaseStateMachine, ResourceKey, StateOptions,
+};
+use tenure_storage::{
+    CF_LOG, LogEntry, NodeStorage, StorageOptions, StoreError, TenureRaft, codec,
+};
+
+fn entry(index: u64, log_time_ms: u64, command: Command) -> LogEntry {
+    LogEntry::new_normal(
+        log_id::<TenureRaft>(1, 0, index),
+        Entry {
+            log_time_ms,
+            command,
+        },
+    )
+}
+
+fn acquire(resource: &str, request: &str) -> Command {
+    Command::Lease(LeaseOp::Acquire(AcquireRequest {
+        key: ResourceKey::new("acme", resource),
+        holder_id: "holder".to_owned(),
+        ttl_ms: 60_000,
+        request_id: request.to_owned(),
+    }))
+}
+
+async fn append_durably(store: &mut tenure_storage::GroupLogStore, entries: Vec<LogEntry>) {
+    let (tx, rx) = TenureRaft::oneshot();
+    store.append(entries, IOFlushed::signal(tx)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .expect("flush within 10 s")
+        .expect("flusher alive")
+        .expect("flush succeeded");
+}
+
+fn expire_entries(range: std::ops::Range<u64>) -> Vec<LogEntry> {
+    range
+        .map(|i| entry(i, i, Command::Expire { leases_max: 1 }))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_share_one_database_but_never_see_each_others_entries() {
+    let dir = TempDir::new().unwrap();
+    let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+    let mut one = node.log_store(1);
+    let mut two = node.log_store(2);
+    append_durably(&mut one, expire_entries(1..11)).await;
+    append_durably(&mut two, expire_entries(1..21)).await;
+
+    one.truncate_after(Some(log_id::<TenureRaft>(1, 0, 4)))
+        .await
+        .unwrap();
+    two.purge(log_id::<TenureRaft>(1, 0, 5)).await.unwrap();
+
+    let state_one = one.get_log_state().await.unwrap();
+    assert_eq!(state_one.last_log_id.unwrap().index(), 4);
+    assert!(state_one.last_purged_log_id.is_none());
+    let state_two = two.get_log_state().await.unwrap();
+    assert_eq!(state_two.last_log_id.unwrap().index(), 20);
+    assert_eq!(state_two.last_purged_log_id.unwrap().index(), 5);
+
+    let left_one = one.try_get_log_entries(0..100).await.unwrap();
+    assert_eq!(
+        left_one.iter().map(|e| e.index()).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    let left_two = two.try_get_log_entries(0..100).await.unwrap();
+    assert_eq!(left_two.first().unwrap().index(), 6);
+    assert_eq!(left_two.len(), 15);
+    assert!(
+        node.log_store(3)
+            .get_log_state()
+            .await
+            .unwrap()
+            .last_log_id
+            .is_none()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_from_many_groups_complete_through_the_shared_flusher() {
+    let dir = TempDir::new().unwrap();
+    let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+    let mut waits = Vec::new();
+    for round in 0..10u64 {
+        for group in 0..64u32 {
+            let mut store = node.log_store(group);
+            let (tx, rx) = TenureRaft::oneshot();
+            store
+                .append(expire_entries(round + 1..round + 2), IOFlushed::signal(tx))
+                .await
+                .unwrap();
+            waits.push(rx);
+        }
+    }
+    for rx in waits {
+        tokio::time::timeout(Duration::from_secs(20), rx)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+    let stats = node.stats();
+    assert_eq!(stats.appends, 640);
+    assert_eq!(stats.callbacks_completed, 640);
+    assert!(stats.fsyncs >= 1 && stats.fsyncs <= 640, "{stats:?}");
+    eprintln!(
+        "640 appends from 64 groups completed with {} WAL syncs",
+        stats.fsyncs
+    );
+    for group in 0..64u32 {
+        let entries = node.log_store(group).try_get_log_entries(..).await.unwrap();
+        assert_eq!(entries.len(), 10, "group {group}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn votes_and_logs_survive_reopening_the_store() {
+    let dir = TempDir::new().unwrap();
+    let vote =
+        openraft::impls::Vote::<openraft::impls::leader_id_adv::LeaderId<u64, u64>>::new(3, 2);
+    {
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        let mut store = node.log_store(9);
+        store.save_vote(&vote).await.unwrap();
+        append_durably(&mut store, expire_entries(1..6)).await;
+        store
+            .save_committed(Some(log_id::<TenureRaft>(1, 0, 5)))
+            .await
+            .unwrap();
+    }
+    let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+    let mut store = node.log_store(9);
+    assert_eq!(store.read_vote().await.unwrap(), Some(vote));
+    assert_eq!(store.read_committed().await.unwrap().unwrap().index(), 5);
+    assert_eq!(store.try_get_log_entries(..).await.unwrap().len(), 5);
+}
+
+fn corrupt_value(dir: &std::path::Path, key: &[u8]) {
+    let mut options = rocksdb::Options::default();
+    options.create_if_missing(false);
+    let db = rocksdb::DB::open_cf(&options, dir.join("db"), ["log", "meta", "state"]).unwrap();
+    let cf = db.cf_handle(CF_LOG).unwrap();
+    let mut value = db.get_cf(cf, key).unwrap().expect("value present");
+    let last = value.len() - 1;
+    value[last] ^= 0x5a;
+    db.put_cf(cf, key, value).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_log_entry_is_a_typed_error_naming_group_and_index_and_stops_only_that_group() {
+    let dir = TempDir::new().unwrap();
+    {
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        append_durably(&mut node.log_store(3), expire_entries(1..6)).await;
+        append_durably(&mut node.log_store(4), expire_entries(1..6)).await;
+    }
+    corrupt_value(dir.path(), &codec::log_key(3, 2));
+
+    let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+    let mut three = node.log_store(3);
+    let err = three.try_get_log_entries(1..6).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    match StoreError::from_io(&err) {
+        Some(StoreError::Corrupt { group, what, .. }) => {
+            assert_eq!(*group, 3);
+            assert_eq!(what, "log entry 2");
+        }
+        other => panic!("expected corruption, got {other:?}"),
+    }
+    // The group has stopped: even writes are refused now.
+    let (tx, _rx) = TenureRaft::oneshot();
+    let refused = three
+        .append(expire_entries(6..7), IOFlushed::signal(tx))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        StoreError::from_io(&refused),
+        Some(StoreError::GroupStopped { group: 3, .. })
+    ));
+    assert_eq!(node.stopped_groups().len(), 1);
+    // Its neighbour is untouched.
+    let mut four = node.log_store(4);
+    assert_eq!(four.try_get_log_entries(..).await.unwrap().len(), 5);
+    append_durably(&mut four, expire_entries(6..7)).await;
+}
+
+async fn apply_all(machine: &mut tenure_storage::GroupStateMachine, entries: Vec<LogEntry>) {
+    let stream = futures_util::stream::iter(entries.into_iter().map(|e| Ok((e, None))));
+    machine.apply(stream).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_machine_restores_its_snapshot_after_reopen() {
+    let dir = TempDir::new().unwrap();
+    let (expected, last_applied) = {
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        let mut machine = node.state_machine(5, StateOptions::default()).unwrap();
+        let entries = (1..=50)
+            .map(|i| entry(i, 1_000 + i, acquire(&format!("r{i}"), "q")))
+            .collect();
+        apply_all(&mut machine, entries).await;
+        let mut builder = machine.get_snapshot_builder().await;
+        let snapshot = builder.build_snapshot().await.unwrap();
+        assert_eq!(snapshot.meta.last_log_id.as_ref().unwrap().index(), 50);
+        let expected = machine.with_leases(LeaseStateMachine::snapshot_to_vec);
+        (expected, snapshot.meta.last_log_id)
+    };
+    let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+    let mut machine = node
+        .state_machine(5, StateOptions { hash_seed: 77 })
+        .unwrap();
+    assert_eq!(
+        machine.with_leases(LeaseStateMachine::snapshot_to_vec),
+        expected
+    );
+    let (applied, _) = machine.applied_state().await.unwrap();
+    assert_eq!(applied, last_applied);
+    assert_eq!(machine.with_leases(|l| l.stats().active_leases), 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_snapshot_file_stops_the_group_at_open_with_a_typed_error() {
+    let dir = TempDir::new().unwrap();
+    {
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        let mut machine = node.state_machine(8, StateOptions::default()).unwrap();
+        apply_all(&mut machine, vec![entry(1, 5, acquire("db", "q"))]).await;
+        machine
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+    }
+    let snap_dir = dir.path().join("snapshots/group-00008");
+    let file = std::fs::read_dir(&snap_dir)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with(".snap"))
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[20] ^= 0xff;
+    std::fs::write(&file, bytes).unwrap();
+
+    let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+    let err = node.state_machine(8, StateOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, StoreError::Snapshot { group: 8, .. }),
+        "{err}"
+    );
+    assert!(err.is_corruption());
+    assert_eq!(node.stopped_groups().len(), 1);
+    assert!(node.state_machine(9, StateOptions::default()).is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installed_snapshot_replaces_the_state_and_survives_reopen() {
+    let source_dir = TempDir::new().unwrap();
+    let target_dir = TempDir::new().unwrap();
+    let source = NodeStorage::open(source_dir.path(), StorageOptions::default()).unwrap();
+    let mut leader = source.state_machine(2, StateOptions::default()).unwrap();
+    let entries = (1..=20)
+        .map(|i| entry(i, 100 + i, acquire(&format!("r{i}"), "q")))
+        .collect();
+    apply_all(&mut leader, entries).await;
+    let snapshot = leader
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let expected = leader.with_leases(LeaseStateMachine::snapshot_to_vec);
+
+    {
+        let target = NodeStorage::open(target_dir.path(), StorageOptions::default()).unwrap();
+        let mut follower = target.state_machine(2, StateOptions::default()).unwrap();
+        follower
+            .install_snapshot(&snapshot.meta, snapshot.snapshot)
+            .await
+            .unwrap();
+        assert_eq!(
+            follower.with_leases(LeaseStateMachine::snapshot_to_vec),
+            expected
+        );
+        let current = follower.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta.last_log_id, snapshot.meta.last_log_id);
+    }
+    let target = NodeStorage::open(target_dir.path(), StorageOptions::default()).unwrap();
+    let follower = target.state_machine(2, StateOptions::default()).unwrap();
+    assert_eq!(
+        follower.with_leases(LeaseStateMachine::snapshot_to_vec),
+        expected
+    );
+}
