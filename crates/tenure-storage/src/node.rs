@@ -93,6 +93,8 @@ pub(crate) struct Inner {
     queue: Mutex<FlushQueue>,
     queue_ready: Condvar,
     stopped: Mutex<HashMap<u32, String>>,
+    /// Set when a WAL sync fails: nothing pending can be called durable, so every group stops.
+    node_failure: Mutex<Option<String>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -113,6 +115,12 @@ impl Inner {
 
     /// Refuses work for a group that has stopped.
     pub(crate) fn check_group(&self, group: u32) -> Result<(), StoreError> {
+        if let Some(reason) = lock(&self.node_failure).as_ref() {
+            return Err(StoreError::GroupStopped {
+                group,
+                reason: reason.clone(),
+            });
+        }
         match lock(&self.stopped).get(&group) {
             Some(reason) => Err(StoreError::GroupStopped {
                 group,
@@ -202,6 +210,11 @@ impl Inner {
                 Ok(())
             };
             let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            if let Err(detail) = &result {
+                tracing::error!(error = %detail, "WAL sync failed: every group on this node stops");
+                lock(&self.node_failure)
+                    .get_or_insert_with(|| format!("WAL sync failed: {detail}"));
+            }
             self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
             self.stats.fsync_micros.fetch_add(micros, Ordering::Relaxed);
             let completed = batch.len() as u64;
@@ -288,6 +301,7 @@ impl NodeStorage {
             queue: Mutex::new(FlushQueue::default()),
             queue_ready: Condvar::new(),
             stopped: Mutex::new(HashMap::new()),
+            node_failure: Mutex::new(None),
         });
         let flusher_inner = Arc::clone(&inner);
         let handle = std::thread::Builder::new()
@@ -317,6 +331,11 @@ impl NodeStorage {
             callbacks_completed: stats.callbacks_completed.load(Ordering::Relaxed),
             fsync_micros: stats.fsync_micros.load(Ordering::Relaxed),
         }
+    }
+
+    /// The failure that stopped every group on this node (a failed WAL sync), if any.
+    pub fn node_failure(&self) -> Option<String> {
+        lock(&self.shared.inner.node_failure).clone()
     }
 
     /// Groups that have stopped after a failure, with the first failure of each.
