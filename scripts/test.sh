@@ -18,7 +18,7 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
 echo "== cargo clippy (warnings denied)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
 echo "== cargo test (unit, property, integration; benches run once in test mode)"
 # PROPTEST_CASES sets the property-test case count (default 4000 per property).
@@ -26,8 +26,8 @@ log_dir="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$log_dir"
 log="$log_dir/test-output.log"
 set +e
-cargo test --workspace --all-targets --locked -- --nocapture 2>&1 | tee "$log" \
-  | grep --line-buffered -E '^(test result|     Running|model property|tight-bounds|error|thread .* panicked)'
+cargo test --workspace --all-targets --all-features --locked -- --nocapture 2>&1 | tee "$log" \
+  | grep --line-buffered -E '^(test result|     Running|model property|tight-bounds|crash test|disk full|disk-full|640 appends|error|thread .* panicked)'
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -ne 0 ]; then
@@ -35,7 +35,7 @@ if [ "$status" -ne 0 ]; then
   tail -n 300 "$log"
   exit "$status"
 fi
-if ! cargo test --workspace --doc --locked >>"$log" 2>&1; then
+if ! cargo test --workspace --doc --all-features --locked >>"$log" 2>&1; then
   echo "== doc tests FAILED; the last lines of $log:"
   tail -n 100 "$log"
   exit 1

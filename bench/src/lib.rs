@@ -1,13 +1,17 @@
 //! # tenure-bench: in-process micro-benchmarks of tenure's components
 //!
-//! Everything here runs inside one process against the pure lease state machine
-//! ([`tenure_core::LeaseStateMachine`]): no network, no disk, no Raft, no async runtime. The crate
-//! must never depend on tokio, RocksDB or quinn; what it measures is the cost of `apply` itself and
-//! the memory the replicated state needs per lease, which bound what a single Raft group can do
-//! whatever the transport.
+//! Everything here runs inside one process, never over a network. By default the crate depends on
+//! nothing but the pure lease state machine ([`tenure_core::LeaseStateMachine`]): no disk, no Raft,
+//! no async runtime; it measures the cost of `apply` itself and the memory the replicated state
+//! needs per lease, which bound what a single Raft group can do whatever the transport. The
+//! feature `storage` adds `tenure-storage` (RocksDB, openraft, tokio) for the `storage_append`
+//! binary only; quinn never.
 //!
 //! - `benches/state_machine.rs`: criterion benchmarks of `apply` for Acquire, Renew, Release and
 //!   Expire with one million resident active leases (`cargo bench -p tenure-bench`).
+//! - `src/bin/storage_append.rs` (feature `storage`): durable appends from 64 groups through one
+//!   shared WAL sync, and the time to reopen a store holding 1M leases
+//!   (`cargo run --release -p tenure-bench --features storage --bin storage_append`).
 //! - `src/bin/lease_memory.rs`: heap bytes per active lease, with and without the request-id
 //!   (idempotency) records, and a renews-per-second sanity figure
 //!   (`cargo run --release -p tenure-bench --bin lease_memory`).

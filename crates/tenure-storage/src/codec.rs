@@ -116,7 +116,7 @@ mod tests {
 
     #[test]
     fn log_keys_sort_by_group_then_index() {
-        let mut keys = vec![
+        let mut keys = [
             log_key(2, 1),
             log_key(1, 300),
             log_key(1, 2),

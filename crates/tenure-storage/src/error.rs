@@ -41,6 +41,14 @@ pub enum StoreError {
         /// Index in the entry.
         found: u64,
     },
+    /// An index is missing inside a group's log.
+    #[error("group {group}: log entry {missing} is missing inside the log")]
+    Hole {
+        /// The group.
+        group: u32,
+        /// The first missing index.
+        missing: u64,
+    },
     /// A read or write failed (disk full, I/O error); the group stops accepting writes.
     #[error("group {group}: storage I/O failed during {operation}: {detail}")]
     Io {

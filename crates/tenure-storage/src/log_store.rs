@@ -128,8 +128,8 @@ impl GroupLogStore {
         Ok(entry)
     }
 
-    /// Entries with index in `[start, end)`, in order, from the first present one; stops at the
-    /// first gap after it (a log never has holes, so a gap means the range ended).
+    /// Entries with index in `[start, end)`, in order, from the first present one. A hole after
+    /// it is corruption: a typed error, and the group stops.
     pub fn read_range(&self, start: u64, end: u64) -> Result<Vec<LogEntry>, StoreError> {
         let inner = &self.shared.inner;
         inner.check_group(self.group)?;
@@ -148,8 +148,18 @@ impl GroupLogStore {
             let Some((group, index)) = codec::parse_log_key(&key) else {
                 break;
             };
-            if group != self.group || index >= end || expected.is_some_and(|e| e != index) {
+            if group != self.group || index >= end {
                 break;
+            }
+            if let Some(missing) = expected.filter(|&e| e != index) {
+                // A log never has holes: this is damage, not the end of the range.
+                return Err(self.shared.inner.stop_group(
+                    self.group,
+                    StoreError::Hole {
+                        group: self.group,
+                        missing,
+                    },
+                ));
             }
             entries.push(self.decode_entry(&key, &value)?);
             expected = index.checked_add(1);
@@ -240,7 +250,7 @@ impl RaftLogStorage<TenureRaft> for GroupLogStore {
             self.get_meta(META_LAST_PURGED, "last purged log id")?;
         let last = self.last_entry()?.map(|entry| entry.log_id());
         Ok(LogState {
-            last_log_id: last.or_else(|| last_purged.clone()),
+            last_log_id: last.or(last_purged),
             last_purged_log_id: last_purged,
         })
     }

@@ -141,7 +141,7 @@ impl GroupStateMachine {
                     .map_err(|err| inner.stop_group(group, err))?;
                 MachineState {
                     leases,
-                    last_applied: pointer.meta.last_log_id.clone(),
+                    last_applied: pointer.meta.last_log_id,
                     membership: pointer.meta.last_membership.clone(),
                     current: Some(pointer),
                 }
@@ -167,7 +167,7 @@ impl GroupStateMachine {
 
     /// The last log id applied.
     pub fn last_applied(&self) -> Option<LogIdOf<TenureRaft>> {
-        lock(&self.state).last_applied.clone()
+        lock(&self.state).last_applied
     }
 
     fn dir(&self) -> PathBuf {
@@ -189,7 +189,7 @@ impl GroupStateMachine {
         };
         let mut state = lock(&self.state);
         let meta = SnapshotMetaOf::<TenureRaft> {
-            last_log_id: state.last_applied.clone(),
+            last_log_id: state.last_applied,
             last_membership: state.membership.clone(),
         };
         let stem = match &meta.last_log_id {
@@ -389,7 +389,7 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
     ) -> Result<(Option<LogIdOf<TenureRaft>>, StoredMembershipOf<TenureRaft>), io::Error> {
         self.shared.inner.check_group(self.group)?;
         let state = lock(&self.state);
-        Ok((state.last_applied.clone(), state.membership.clone()))
+        Ok((state.last_applied, state.membership.clone()))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
@@ -405,10 +405,8 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
                     EntryPayload::Blank => None,
                     EntryPayload::Normal(proposal) => Some(state.leases.apply(proposal)),
                     EntryPayload::Membership(membership) => {
-                        state.membership = StoredMembershipOf::<TenureRaft>::new(
-                            Some(log_id.clone()),
-                            membership.clone(),
-                        );
+                        state.membership =
+                            StoredMembershipOf::<TenureRaft>::new(Some(log_id), membership.clone());
                         None
                     }
                 };

@@ -309,3 +309,36 @@ async fn an_installed_snapshot_replaces_the_state_and_survives_reopen() {
         expected
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hole_inside_a_log_is_a_typed_error_not_a_short_read() {
+    let dir = TempDir::new().unwrap();
+    {
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        append_durably(&mut node.log_store(3), expire_entries(1..6)).await;
+    }
+    {
+        let mut options = rocksdb::Options::default();
+        options.create_if_missing(false);
+        let db = rocksdb::DB::open_cf(&options, dir.path().join("db"), ["log", "meta", "state"])
+            .unwrap();
+        db.delete_cf(db.cf_handle(CF_LOG).unwrap(), codec::log_key(3, 3))
+            .unwrap();
+    }
+    let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+    let err = node
+        .log_store(3)
+        .try_get_log_entries(1..6)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            StoreError::from_io(&err),
+            Some(StoreError::Hole {
+                group: 3,
+                missing: 3
+            })
+        ),
+        "{err}"
+    );
+}

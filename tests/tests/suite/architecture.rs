@@ -84,10 +84,27 @@ fn tenure_core_depends_on_no_runtime_storage_network_or_randomness() {
 #[test]
 fn tenure_storage_depends_on_no_network_stack() {
     let names = normal_dependencies("tenure-storage");
-    assert!(names.iter().any(|n| n == "rocksdb"), "cargo tree listed no rocksdb: {names:?}");
-    let forbidden = ["quinn", "quinn-proto", "rustls", "hyper", "axum", "tonic", "reqwest"];
-    let found: Vec<_> = names.iter().filter(|name| forbidden.contains(&name.as_str())).collect();
-    assert!(found.is_empty(), "tenure-storage must not depend on {found:?}");
+    assert!(
+        names.iter().any(|n| n == "rocksdb"),
+        "cargo tree listed no rocksdb: {names:?}"
+    );
+    let forbidden = [
+        "quinn",
+        "quinn-proto",
+        "rustls",
+        "hyper",
+        "axum",
+        "tonic",
+        "reqwest",
+    ];
+    let found: Vec<_> = names
+        .iter()
+        .filter(|name| forbidden.contains(&name.as_str()))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "tenure-storage must not depend on {found:?}"
+    );
 }
 
 fn rust_sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
