@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 
 use crate::codec::{self, META_COMMITTED, META_LAST_PURGED, META_VOTE};
 use crate::error::StoreError;
-use crate::node::{CF_LOG, CF_META, Shared};
+use crate::node::{CF_LOG, CF_META, Shared, blocking};
 use crate::{LogEntry, TenureRaft};
 
 /// The log store of one group replica. Cheap to clone; clones share the node's database.
@@ -38,17 +38,6 @@ impl Debug for GroupLogStore {
             .field("group", &self.group)
             .finish()
     }
-}
-
-async fn blocking<T, F>(work: F) -> Result<T, io::Error>
-where
-    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
-    T: Send + 'static,
-{
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|err| io::Error::other(format!("storage task failed: {err}")))?
-        .map_err(io::Error::from)
 }
 
 impl GroupLogStore {
@@ -169,47 +158,29 @@ impl GroupLogStore {
 
     /// The last entry of this group's log, if any.
     pub fn last_entry(&self) -> Result<Option<LogEntry>, StoreError> {
-        let inner = &self.shared.inner;
-        inner.check_group(self.group)?;
-        let from = codec::log_key(self.group, u64::MAX);
-        let mut iter = inner.db.iterator_cf(
-            inner.cf(CF_LOG)?,
-            IteratorMode::From(&from, Direction::Reverse),
-        );
-        match iter.next() {
-            Some(item) => {
-                let (key, value) = item.map_err(|err| self.read_error("log read", err))?;
-                match codec::parse_log_key(&key) {
-                    Some((group, _)) if group == self.group => {
-                        Ok(Some(self.decode_entry(&key, &value)?))
-                    }
-                    _ => Ok(None),
-                }
-            }
-            None => Ok(None),
-        }
+        self.edge_entry(u64::MAX, Direction::Reverse)
     }
 
     /// The first entry of this group's log, if any.
     pub fn first_entry(&self) -> Result<Option<LogEntry>, StoreError> {
+        self.edge_entry(0, Direction::Forward)
+    }
+
+    /// The first entry of this group met when iterating from `index` in `direction`.
+    fn edge_entry(&self, index: u64, direction: Direction) -> Result<Option<LogEntry>, StoreError> {
         let inner = &self.shared.inner;
         inner.check_group(self.group)?;
-        let from = codec::log_key(self.group, 0);
-        let mut iter = inner.db.iterator_cf(
-            inner.cf(CF_LOG)?,
-            IteratorMode::From(&from, Direction::Forward),
-        );
-        match iter.next() {
-            Some(item) => {
-                let (key, value) = item.map_err(|err| self.read_error("log read", err))?;
-                match codec::parse_log_key(&key) {
-                    Some((group, _)) if group == self.group => {
-                        Ok(Some(self.decode_entry(&key, &value)?))
-                    }
-                    _ => Ok(None),
-                }
-            }
-            None => Ok(None),
+        let from = codec::log_key(self.group, index);
+        let mut iter = inner
+            .db
+            .iterator_cf(inner.cf(CF_LOG)?, IteratorMode::From(&from, direction));
+        let Some(item) = iter.next() else {
+            return Ok(None);
+        };
+        let (key, value) = item.map_err(|err| self.read_error("log read", err))?;
+        match codec::parse_log_key(&key) {
+            Some((group, _)) if group == self.group => Ok(Some(self.decode_entry(&key, &value)?)),
+            _ => Ok(None),
         }
     }
 }

@@ -146,18 +146,7 @@ impl Inner {
         batch: WriteBatch,
         operation: &'static str,
     ) -> Result<(), StoreError> {
-        let mut options = WriteOptions::default();
-        options.set_sync(false);
-        self.db.write_opt(batch, &options).map_err(|err| {
-            self.stop_group(
-                group,
-                StoreError::Io {
-                    group,
-                    operation,
-                    detail: err.to_string(),
-                },
-            )
-        })
+        self.write(group, batch, operation, false)
     }
 
     /// Writes a batch and syncs the WAL before returning (blocking).
@@ -167,8 +156,18 @@ impl Inner {
         batch: WriteBatch,
         operation: &'static str,
     ) -> Result<(), StoreError> {
+        self.write(group, batch, operation, self.options.fsync)
+    }
+
+    fn write(
+        &self,
+        group: u32,
+        batch: WriteBatch,
+        operation: &'static str,
+        sync: bool,
+    ) -> Result<(), StoreError> {
         let mut options = WriteOptions::default();
-        options.set_sync(self.options.fsync);
+        options.set_sync(sync);
         self.db.write_opt(batch, &options).map_err(|err| {
             self.stop_group(
                 group,
@@ -352,6 +351,18 @@ impl NodeStorage {
     pub fn data_dir(&self) -> &Path {
         &self.shared.inner.data_dir
     }
+}
+
+/// Runs blocking storage work off the async caller's thread.
+pub(crate) async fn blocking<T, F>(work: F) -> Result<T, io::Error>
+where
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| io::Error::other(format!("storage task failed: {err}")))?
+        .map_err(io::Error::from)
 }
 
 fn flusher_loop_entry(inner: Arc<Inner>) {

@@ -27,7 +27,7 @@ use tenure_core::{GroupId, LeaseStateMachine, StateOptions};
 use crate::TenureRaft;
 use crate::codec::{self, STATE_SNAPSHOT};
 use crate::error::StoreError;
-use crate::node::{CF_STATE, NodeStorage, Shared};
+use crate::node::{CF_STATE, NodeStorage, Shared, blocking};
 
 /// Where the current snapshot of a group is, as recorded in the state column family.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -66,17 +66,6 @@ fn lock(state: &Mutex<MachineState>) -> MutexGuard<'_, MachineState> {
     state
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-async fn blocking<T, F>(work: F) -> Result<T, io::Error>
-where
-    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
-    T: Send + 'static,
-{
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|err| io::Error::other(format!("storage task failed: {err}")))?
-        .map_err(io::Error::from)
 }
 
 fn snapshot_dir(data_dir: &Path, group: u32) -> PathBuf {
