@@ -135,26 +135,9 @@ fn renew(group: &mut BenchmarkGroup<'_, WallTime>, resident_count: usize) {
         b.iter_custom(|iters| {
             let mut timed = Duration::ZERO;
             for _ in 0..iters {
-                let entries: Vec<Entry> = (0..OPS_PER_ITER)
-                    .map(|_| {
-                        let op = resident.renew_op(rng.below(resident_count));
-                        resident.harness.single(op)
-                    })
-                    .collect();
-                let mut renewed = 0usize;
-
-                let start = Instant::now();
-                for entry in &entries {
-                    let output = resident.harness.apply(entry);
-                    renewed += usize::from(matches!(
-                        single_reply(&output),
-                        Some(LeaseReply::Renewed(_))
-                    ));
-                    black_box(output);
-                }
-                timed += start.elapsed();
-
-                assert_eq!(renewed, OPS_PER_ITER, "some renews failed");
+                timed += resident
+                    .timed_random_renews(&mut rng, OPS_PER_ITER)
+                    .expect("every renewal succeeds");
             }
             timed
         });

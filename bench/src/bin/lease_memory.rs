@@ -31,14 +31,13 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use tenure_bench::{
     Harness, LONG_TTL_MS, RESIDENT_LEASES, Resident, XorShift64, bench_limits, resource_id,
-    single_reply,
 };
-use tenure_core::{Command, GroupLimits, LeaseReply};
+use tenure_core::{Command, GroupLimits};
 
 /// Bytes currently allocated through the global allocator.
 static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
@@ -255,28 +254,7 @@ fn renews_per_second(resident: &mut Resident, count: usize) -> Result<f64> {
     let mut done = 0usize;
     while done < count {
         let chunk = CHUNK.min(count - done);
-        let entries: Vec<_> = (0..chunk)
-            .map(|_| {
-                let index = rng.below(resident.len());
-                let op = resident.renew_op(index);
-                resident.harness.single(op)
-            })
-            .collect();
-        let mut renewed = 0usize;
-        let start = Instant::now();
-        for entry in &entries {
-            let output = resident.harness.apply(entry);
-            renewed += usize::from(matches!(
-                single_reply(&output),
-                Some(LeaseReply::Renewed(_))
-            ));
-        }
-        timed += start.elapsed();
-        ensure!(
-            renewed == chunk,
-            "{} of {chunk} renews failed",
-            chunk - renewed
-        );
+        timed += resident.timed_random_renews(&mut rng, chunk)?;
         done += chunk;
     }
     Ok(count as f64 / timed.as_secs_f64())
