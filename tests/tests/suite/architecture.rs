@@ -107,6 +107,33 @@ fn tenure_storage_depends_on_no_network_stack() {
     );
 }
 
+#[test]
+fn tenure_proto_is_sans_io() {
+    let names = normal_dependencies("tenure-proto");
+    assert!(
+        names.iter().any(|n| n == "bytes"),
+        "cargo tree listed no bytes: {names:?}"
+    );
+    let forbidden = [
+        "tokio",
+        "mio",
+        "quinn",
+        "quinn-proto",
+        "rustls",
+        "openraft",
+        "rocksdb",
+        "tracing",
+    ];
+    let found: Vec<_> = names
+        .iter()
+        .filter(|name| forbidden.contains(&name.as_str()))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "tenure-proto (wire formats only) must not depend on {found:?}"
+    );
+}
+
 fn rust_sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("read source dir") {
         let path = entry.expect("dir entry").path();

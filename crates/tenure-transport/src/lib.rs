@@ -1,0 +1,51 @@
+//! # tenure-transport: many Raft groups over one QUIC connection per node pair
+//!
+//! Hundreds of groups on a few nodes must not mean hundreds of connections, thousands of
+//! heartbeat packets and one syscall per message. Each node runs one quinn endpoint
+//! ([`Transport`]); exactly one mutually authenticated QUIC connection per pair of nodes carries
+//! the Raft traffic of every group between them, in both directions. Messages to one peer are
+//! gathered by per-lane writers into length-prefixed batch frames (format in `tenure-proto`);
+//! a group always uses the same lane, so its messages stay in order while other lanes flow.
+//!
+//! - [`Transport`]: endpoint, peer links, handshake (version, cluster, node identity proven by
+//!   the certificate), reconnect with capped exponential backoff and jitter, bounded queues.
+//! - [`GroupNetworkFactory`]: openraft's network traits (pipelined `stream_append`, votes and
+//!   pre-votes, leader transfer, snapshots on their own streams) for one group.
+//! - [`GroupRegistry`] / [`GroupTable`]: how incoming messages find their group.
+//! - [`spawn_heartbeat_driver`] and [`GroupTiming`]: node-wide heartbeats, so every heartbeat due
+//!   to one peer leaves in one frame; timing fit for many groups.
+//! - [`tls`]: cluster CA and node certificates (rcgen), rustls/quinn configurations.
+//! - [`FaultInjector`]: drop, delay, duplicate, reorder and partition per directed link, for
+//!   tests.
+//!
+//! Bad input from a peer (garbage, truncated frames, oversize lengths, unknown kinds or versions,
+//! unknown nodes) closes that connection with a logged reason; unknown groups get a failure
+//! answer. Nothing a peer sends can panic the node.
+//!
+//! Must not depend on: the lease semantics of `tenure-core` beyond the shared type config,
+//! configuration files, or the wall clock (timeouts use tokio's monotonic clock). It never
+//! creates a runtime: the server owns it.
+
+pub mod config;
+pub mod error;
+pub mod fault;
+mod heartbeat;
+mod inbound;
+mod network;
+mod registry;
+pub mod stats;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod tls;
+mod transport;
+
+pub use config::{GroupTiming, TransportConfig};
+pub use error::TransportError;
+pub use fault::{FaultInjector, LinkFaults, Verdict};
+pub use heartbeat::spawn_heartbeat_driver;
+pub use network::{GroupNetworkFactory, PeerRaftClient};
+pub use registry::{GroupRaft, GroupRegistry, GroupTable};
+pub use stats::{TransportStats, TransportStatsSnapshot};
+pub use transport::{
+    CLOSE_DUPLICATE, CLOSE_PROTOCOL_ERROR, CLOSE_REFUSED, CLOSE_SHUTDOWN, Transport,
+};

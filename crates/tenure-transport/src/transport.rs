@@ -1,0 +1,1015 @@
+//! The node's QUIC endpoint and its peer links.
+//!
+//! One [`Transport`] per node binds one quinn endpoint. For every other member of the cluster it
+//! keeps a [`PeerLink`]: exactly one live QUIC connection (whichever side dialled it; when both
+//! dial at once the pair keeps the connection dialled by the lower node id and closes the other),
+//! `lanes_per_peer` bounded outbound queues, each drained by a lane writer onto its own long-lived
+//! unidirectional stream, and the table of requests waiting for an answer.
+//!
+//! A lane writer takes everything queued on its lane up to `batch_bytes_max` (waiting up to
+//! `linger_us` for more when the queue ran dry) and writes it as one batch frame: under load many
+//! Raft messages share a frame and a syscall, and every heartbeat due to one peer at a driver tick
+//! leaves in one frame. Readers decode frames from the peer's lanes and hand each message to
+//! `inbound` (requests) or to the waiting requester (responses).
+//!
+//! Must not depend on: the lease state machine's semantics, RocksDB, configuration files, or the
+//! wall clock in any decision (timeouts use tokio's monotonic clock).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex as StdMutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use dashmap::DashMap;
+use quinn::VarInt;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tenure_proto::peer::{BatchEncoder, FRAME_LENGTH_BYTES, MESSAGE_HEADER_BYTES};
+use tenure_proto::{
+    Frame, Hello, HelloReply, MessageKind, PEER_PROTOCOL_VERSION, ProtoError, decode_frame_body,
+    decode_frame_length, encode_frame,
+};
+use tokio::sync::{Mutex as AsyncMutex, Semaphore, mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::config::TransportConfig;
+use crate::error::TransportError;
+use crate::fault::{FaultInjector, Verdict};
+use crate::inbound;
+use crate::registry::GroupRegistry;
+use crate::stats::{TransportStats, TransportStatsSnapshot, add};
+use crate::tls::{NodeTls, node_server_name, verify_peer_node_id};
+
+/// Close code: orderly shutdown.
+pub const CLOSE_SHUTDOWN: u32 = 0;
+/// Close code: the pair already has its preferred connection.
+pub const CLOSE_DUPLICATE: u32 = 1;
+/// Close code: the peer sent bytes that are not the peer protocol.
+pub const CLOSE_PROTOCOL_ERROR: u32 = 2;
+/// Close code: the handshake refused the peer.
+pub const CLOSE_REFUSED: u32 = 3;
+
+/// Largest handshake or snapshot control frame, in bytes.
+pub(crate) const CONTROL_FRAME_BYTES_MAX: usize = 1024 * 1024;
+
+fn is_control(kind: MessageKind) -> bool {
+    matches!(
+        kind,
+        MessageKind::AppendRequest
+            | MessageKind::AppendResponse
+            | MessageKind::VoteRequest
+            | MessageKind::PreVoteRequest
+            | MessageKind::VoteResponse
+            | MessageKind::TransferLeaderRequest
+            | MessageKind::TransferLeaderResponse
+    )
+}
+
+/// One queued outbound message.
+#[derive(Debug, Clone)]
+pub(crate) struct Outbound {
+    pub(crate) group_id: u32,
+    pub(crate) kind: MessageKind,
+    pub(crate) correlation_id: u64,
+    pub(crate) payload: Bytes,
+}
+
+/// An answer delivered to a waiting requester.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) kind: MessageKind,
+    pub(crate) payload: Bytes,
+}
+
+struct Offer {
+    connection: quinn::Connection,
+    dialed_by: u64,
+}
+
+/// Everything this node keeps about one peer.
+pub(crate) struct PeerLink {
+    pub(crate) peer: u64,
+    addr: SocketAddr,
+    lanes: Vec<mpsc::Sender<Outbound>>,
+    lane_receivers: Vec<Arc<AsyncMutex<mpsc::Receiver<Outbound>>>>,
+    pub(crate) pending: DashMap<u64, oneshot::Sender<Reply>>,
+    next_correlation: AtomicU64,
+    connection: watch::Sender<Option<quinn::Connection>>,
+    offers: mpsc::Sender<Offer>,
+    offers_receiver: StdMutex<Option<mpsc::Receiver<Offer>>>,
+    dial_failing: AtomicBool,
+}
+
+impl PeerLink {
+    fn new(peer: u64, addr: SocketAddr, config: &TransportConfig) -> Self {
+        // One control lane plus at least one replication lane.
+        let lanes_count = config.lanes_per_peer.max(2);
+        let mut lanes = Vec::with_capacity(lanes_count);
+        let mut lane_receivers = Vec::with_capacity(lanes_count);
+        for _ in 0..lanes_count {
+            let (sender, receiver) = mpsc::channel(config.lane_queue_messages_max.max(1));
+            lanes.push(sender);
+            lane_receivers.push(Arc::new(AsyncMutex::new(receiver)));
+        }
+        let (offers, offers_receiver) = mpsc::channel(4);
+        Self {
+            peer,
+            addr,
+            lanes,
+            lane_receivers,
+            pending: DashMap::new(),
+            next_correlation: AtomicU64::new(1),
+            connection: watch::Sender::new(None),
+            offers,
+            offers_receiver: StdMutex::new(Some(offers_receiver)),
+            dial_failing: AtomicBool::new(false),
+        }
+    }
+
+    /// The lane a message travels on. Lane 0 is the control lane: heartbeats (unary appends),
+    /// votes, leader transfers and their answers, gathered with a longer linger so that every
+    /// heartbeat due to the peer at one driver tick shares a frame. Replication streams use the
+    /// other lanes, `1 + group_id % (lanes - 1)`, so one group's stream stays in order.
+    pub(crate) fn lane_of(&self, group_id: u32, kind: MessageKind) -> &mpsc::Sender<Outbound> {
+        let data_lanes = self.lanes.len() - 1;
+        let index = if data_lanes == 0 || is_control(kind) {
+            0
+        } else {
+            1 + usize::try_from(group_id).unwrap_or(0) % data_lanes
+        };
+        &self.lanes[index]
+    }
+
+    fn next_correlation_id(&self) -> u64 {
+        self.next_correlation.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn current_connection(&self) -> Option<quinn::Connection> {
+        self.connection.borrow().clone()
+    }
+
+    /// Waits until the link has a connection, or fails fast when dialling is failing.
+    async fn connected(&self, deadline: Instant) -> Result<quinn::Connection, TransportError> {
+        if let Some(connection) = self.current_connection() {
+            return Ok(connection);
+        }
+        if self.dial_failing.load(Ordering::Relaxed) {
+            return Err(TransportError::Unreachable {
+                peer: self.peer,
+                reason: "not connected (dialling is failing)".into(),
+            });
+        }
+        let mut watcher = self.connection.subscribe();
+        match tokio::time::timeout_at(deadline, watcher.wait_for(Option::is_some)).await {
+            Ok(Ok(connection)) => connection.clone().ok_or(TransportError::Unreachable {
+                peer: self.peer,
+                reason: "not connected".into(),
+            }),
+            _ => Err(TransportError::Unreachable {
+                peer: self.peer,
+                reason: "no connection within the deadline".into(),
+            }),
+        }
+    }
+
+    fn fail_pending(&self) {
+        // Dropping the senders wakes every waiting requester with "connection lost".
+        self.pending.clear();
+    }
+}
+
+/// A request sent and waiting for its answer. Dropping it forgets the correlation id.
+pub(crate) struct PendingReply {
+    link: Arc<PeerLink>,
+    correlation_id: u64,
+    receiver: oneshot::Receiver<Reply>,
+}
+
+impl Drop for PendingReply {
+    fn drop(&mut self) {
+        self.link.pending.remove(&self.correlation_id);
+    }
+}
+
+impl PendingReply {
+    /// Waits for the answer until `deadline`.
+    pub(crate) async fn wait(mut self, deadline: Instant) -> Result<Reply, TransportError> {
+        let peer = self.link.peer;
+        match tokio::time::timeout_at(deadline, &mut self.receiver).await {
+            Ok(Ok(reply)) if reply.kind == MessageKind::Failure => {
+                let reason = tenure_proto::decode_payload::<String>(&reply.payload, "failure")
+                    .unwrap_or_else(|error| format!("undecodable failure: {error}"));
+                Err(TransportError::Remote { peer, reason })
+            }
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(_)) => Err(TransportError::ConnectionLost { peer }),
+            Err(_) => Err(TransportError::Timeout {
+                peer,
+                timeout_ms: 0,
+            }),
+        }
+    }
+
+    /// Polls for the answer without a deadline (the caller bounds it).
+    pub(crate) fn receiver(&mut self) -> &mut oneshot::Receiver<Reply> {
+        &mut self.receiver
+    }
+
+    /// The peer this request went to.
+    pub(crate) fn peer(&self) -> u64 {
+        self.link.peer
+    }
+}
+
+/// State shared by every task of one node's transport.
+pub(crate) struct Shared {
+    pub(crate) config: TransportConfig,
+    endpoint: quinn::Endpoint,
+    client_config: quinn::ClientConfig,
+    links: HashMap<u64, Arc<PeerLink>>,
+    pub(crate) registry: Arc<dyn GroupRegistry>,
+    faults: Option<Arc<FaultInjector>>,
+    pub(crate) stats: TransportStats,
+    shutdown: watch::Sender<bool>,
+    pub(crate) snapshot_permits: Semaphore,
+    next_stream_id: AtomicU64,
+    rng: StdMutex<SmallRng>,
+}
+
+/// One node's peer transport. Cheap to clone.
+#[derive(Clone)]
+pub struct Transport {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport")
+            .field("node_id", &self.shared.config.node_id)
+            .field("local_addr", &self.local_addr().ok())
+            .finish()
+    }
+}
+
+fn quinn_transport_config(config: &TransportConfig) -> Arc<quinn::TransportConfig> {
+    let mut transport = quinn::TransportConfig::default();
+    let lanes = u32::try_from(config.lanes_per_peer).unwrap_or(64);
+    transport.max_concurrent_uni_streams(VarInt::from_u32(lanes.saturating_mul(2) + 8));
+    transport.max_concurrent_bidi_streams(VarInt::from_u32(
+        u32::try_from(config.snapshot_receives_max).unwrap_or(16) * 2 + 8,
+    ));
+    transport.keep_alive_interval(Some(Duration::from_millis(config.keep_alive_ms)));
+    if let Ok(idle) =
+        quinn::IdleTimeout::try_from(Duration::from_millis(config.idle_timeout_ms.max(1)))
+    {
+        transport.max_idle_timeout(Some(idle));
+    }
+    transport.stream_receive_window(VarInt::from_u32(16 * 1024 * 1024));
+    transport.receive_window(VarInt::from_u32(64 * 1024 * 1024));
+    transport.send_window(64 * 1024 * 1024);
+    Arc::new(transport)
+}
+
+impl Transport {
+    /// Binds the endpoint, starts accepting peers and dialling the configured ones.
+    ///
+    /// `registry` finds the local replica of a group for incoming requests; `faults`, when given,
+    /// judges every message this node sends (tests).
+    pub fn start(
+        config: TransportConfig,
+        tls: &NodeTls,
+        registry: Arc<dyn GroupRegistry>,
+        faults: Option<Arc<FaultInjector>>,
+    ) -> Result<Self, TransportError> {
+        let server_config = tls.quinn_server_config(quinn_transport_config(&config))?;
+        let client_config = tls.quinn_client_config(quinn_transport_config(&config))?;
+        let endpoint = quinn::Endpoint::server(server_config, config.listen_addr).map_err(|e| {
+            TransportError::io(
+                format!("binding the peer endpoint {}", config.listen_addr),
+                e,
+            )
+        })?;
+        let links = config
+            .peers
+            .iter()
+            .filter(|(id, _)| **id != config.node_id)
+            .map(|(&id, &addr)| (id, Arc::new(PeerLink::new(id, addr, &config))))
+            .collect();
+        let snapshot_permits = Semaphore::new(config.snapshot_receives_max.max(1));
+        let rng = StdMutex::new(SmallRng::seed_from_u64(config.seed));
+        let shared = Arc::new(Shared {
+            config,
+            endpoint,
+            client_config,
+            links,
+            registry,
+            faults,
+            stats: TransportStats::default(),
+            shutdown: watch::Sender::new(false),
+            snapshot_permits,
+            next_stream_id: AtomicU64::new(1),
+            rng,
+        });
+        tokio::spawn(accept_loop(shared.clone()));
+        for link in shared.links.values() {
+            tokio::spawn(run_link(shared.clone(), link.clone()));
+        }
+        Ok(Self { shared })
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> u64 {
+        self.shared.config.node_id
+    }
+
+    /// The bound UDP address.
+    pub fn local_addr(&self) -> Result<SocketAddr, TransportError> {
+        self.shared
+            .endpoint
+            .local_addr()
+            .map_err(|e| TransportError::io("reading the endpoint address", e))
+    }
+
+    /// The transport's counters.
+    pub fn stats(&self) -> TransportStatsSnapshot {
+        self.shared.stats.snapshot()
+    }
+
+    /// The settings it runs with.
+    pub fn config(&self) -> &TransportConfig {
+        &self.shared.config
+    }
+
+    /// Whether a connection to `peer` is up right now.
+    pub fn is_connected(&self, peer: u64) -> bool {
+        self.shared
+            .links
+            .get(&peer)
+            .is_some_and(|link| link.current_connection().is_some())
+    }
+
+    /// Closes every connection and stops every task; later requests fail with `Shutdown`.
+    pub async fn shutdown(&self) {
+        self.shared.shutdown.send_replace(true);
+        self.shared
+            .endpoint
+            .close(VarInt::from_u32(CLOSE_SHUTDOWN), b"shutdown");
+        for link in self.shared.links.values() {
+            link.fail_pending();
+        }
+        let _ =
+            tokio::time::timeout(Duration::from_secs(2), self.shared.endpoint.wait_idle()).await;
+    }
+}
+
+impl Shared {
+    pub(crate) fn node_id(&self) -> u64 {
+        self.config.node_id
+    }
+
+    pub(crate) fn link(&self, peer: u64) -> Result<&Arc<PeerLink>, TransportError> {
+        if *self.shutdown.borrow() {
+            return Err(TransportError::Shutdown);
+        }
+        self.links
+            .get(&peer)
+            .ok_or(TransportError::UnknownPeer(peer))
+    }
+
+    pub(crate) fn next_stream_id(&self) -> u64 {
+        self.next_stream_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends a request and returns the handle its answer arrives on.
+    pub(crate) async fn start_request(
+        &self,
+        peer: u64,
+        group_id: u32,
+        kind: MessageKind,
+        payload: Bytes,
+        deadline: Instant,
+    ) -> Result<PendingReply, TransportError> {
+        let link = self.link(peer)?.clone();
+        link.connected(deadline).await?;
+        let correlation_id = link.next_correlation_id();
+        let (sender, receiver) = oneshot::channel();
+        link.pending.insert(correlation_id, sender);
+        let pending = PendingReply {
+            link: link.clone(),
+            correlation_id,
+            receiver,
+        };
+        self.send(
+            &link,
+            Outbound {
+                group_id,
+                kind,
+                correlation_id,
+                payload,
+            },
+            deadline,
+        )
+        .await?;
+        Ok(pending)
+    }
+
+    /// Sends one request and waits for its answer.
+    pub(crate) async fn request(
+        &self,
+        peer: u64,
+        group_id: u32,
+        kind: MessageKind,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<Reply, TransportError> {
+        let deadline = Instant::now() + timeout;
+        let pending = self
+            .start_request(peer, group_id, kind, payload, deadline)
+            .await?;
+        pending.wait(deadline).await.map_err(|error| match error {
+            TransportError::Timeout { peer, .. } => TransportError::Timeout {
+                peer,
+                timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            },
+            other => other,
+        })
+    }
+
+    /// Queues one message for `link`, through the fault layer, waiting for queue space until
+    /// `deadline` (backpressure).
+    pub(crate) async fn send(
+        &self,
+        link: &Arc<PeerLink>,
+        message: Outbound,
+        deadline: Instant,
+    ) -> Result<(), TransportError> {
+        let bytes = MESSAGE_HEADER_BYTES + message.payload.len() + FRAME_LENGTH_BYTES + 5;
+        if bytes > self.config.frame_bytes_max {
+            return Err(TransportError::MessageTooLarge {
+                bytes,
+                max: self.config.frame_bytes_max,
+            });
+        }
+        let verdict = match &self.faults {
+            Some(faults) => faults.judge(self.node_id(), link.peer),
+            None => Verdict::Deliver,
+        };
+        match verdict {
+            Verdict::Deliver => enqueue(link, message, deadline).await,
+            Verdict::Drop => {
+                add(&self.stats.fault_dropped, 1);
+                Ok(())
+            }
+            Verdict::Perturb { copies, delay } => {
+                add(&self.stats.fault_delayed, u64::from(!delay.is_zero()));
+                add(&self.stats.fault_duplicated, u64::from(copies > 1));
+                let link = link.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let deadline = Instant::now() + Duration::from_secs(1);
+                    for _ in 0..copies {
+                        if enqueue(&link, message.clone(), deadline).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether the fault layer lets a new stream (snapshot) to `peer` through.
+    pub(crate) fn stream_allowed(&self, peer: u64) -> bool {
+        match &self.faults {
+            Some(faults) => !faults.link(self.node_id(), peer).partitioned,
+            None => true,
+        }
+    }
+
+    fn jitter(&self, base: Duration) -> Duration {
+        let mut rng = match self.rng.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let millis = u64::try_from(base.as_millis()).unwrap_or(u64::MAX).max(1);
+        Duration::from_millis(millis / 2 + rng.random_range(0..=millis / 2))
+    }
+
+    pub(crate) fn protocol_error(&self, connection: &quinn::Connection, peer: u64, reason: &str) {
+        add(&self.stats.protocol_errors, 1);
+        warn!(
+            node = self.node_id(),
+            peer,
+            remote = %connection.remote_address(),
+            "closing peer connection: protocol error: {reason}"
+        );
+        connection.close(
+            VarInt::from_u32(CLOSE_PROTOCOL_ERROR),
+            truncate(reason.as_bytes(), 200),
+        );
+    }
+}
+
+fn truncate(bytes: &[u8], max: usize) -> &[u8] {
+    &bytes[..bytes.len().min(max)]
+}
+
+async fn enqueue(
+    link: &Arc<PeerLink>,
+    message: Outbound,
+    deadline: Instant,
+) -> Result<(), TransportError> {
+    let peer = link.peer;
+    let lane = link.lane_of(message.group_id, message.kind);
+    match tokio::time::timeout_at(deadline, lane.send(message)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(TransportError::Shutdown),
+        Err(_) => Err(TransportError::Timeout {
+            peer,
+            timeout_ms: 0,
+        }),
+    }
+}
+
+/// Reads one frame; `Ok(None)` is a clean end of stream at a frame boundary.
+pub(crate) async fn read_frame(
+    recv: &mut quinn::RecvStream,
+    frame_bytes_max: usize,
+) -> Result<Option<Frame>, FrameReadError> {
+    let mut prefix = [0u8; FRAME_LENGTH_BYTES];
+    match recv.read_exact(&mut prefix).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(quinn::ReadExactError::FinishedEarly(_)) => {
+            return Err(FrameReadError::Protocol("truncated frame length".into()));
+        }
+        Err(quinn::ReadExactError::ReadError(error)) => {
+            return Err(FrameReadError::Stream(error.to_string()));
+        }
+    }
+    let length = decode_frame_length(prefix, frame_bytes_max)
+        .map_err(|error| FrameReadError::Protocol(error.to_string()))?;
+    let mut body = vec![0u8; length];
+    match recv.read_exact(&mut body).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(read)) => {
+            return Err(FrameReadError::Protocol(format!(
+                "truncated frame: {read} of {length} body bytes"
+            )));
+        }
+        Err(quinn::ReadExactError::ReadError(error)) => {
+            return Err(FrameReadError::Stream(error.to_string()));
+        }
+    }
+    decode_frame_body(Bytes::from(body))
+        .map(Some)
+        .map_err(|error: ProtoError| FrameReadError::Protocol(error.to_string()))
+}
+
+/// Why reading a frame failed.
+#[derive(Debug)]
+pub(crate) enum FrameReadError {
+    /// The bytes are not the peer protocol: close the connection.
+    Protocol(String),
+    /// The stream or connection failed.
+    Stream(String),
+}
+
+pub(crate) async fn write_frame(
+    send: &mut quinn::SendStream,
+    frame: &Frame,
+) -> Result<(), quinn::WriteError> {
+    let mut buffer = BytesMut::new();
+    encode_frame(frame, &mut buffer);
+    send.write_all(&buffer).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection lifecycle
+// ---------------------------------------------------------------------------------------------
+
+async fn accept_loop(shared: Arc<Shared>) {
+    while let Some(incoming) = shared.endpoint.accept().await {
+        tokio::spawn(handshake_incoming(shared.clone(), incoming));
+    }
+}
+
+async fn handshake_incoming(shared: Arc<Shared>, incoming: quinn::Incoming) {
+    let remote = incoming.remote_address();
+    let timeout = shared.config.connect_timeout();
+    let connection = match tokio::time::timeout(timeout, incoming).await {
+        Ok(Ok(connection)) => connection,
+        Ok(Err(error @ quinn::ConnectionError::ApplicationClosed(_))) => {
+            // The dialer closed it on purpose (it went away, or shut down).
+            add(&shared.stats.handshakes_abandoned, 1);
+            debug!(node = shared.node_id(), %remote, "peer abandoned the handshake: {error}");
+            return;
+        }
+        Ok(Err(error)) => {
+            // TLS refusals (no certificate, a foreign CA) end here.
+            add(&shared.stats.connections_refused, 1);
+            warn!(node = shared.node_id(), %remote, "refused peer connection: handshake failed: {error}");
+            return;
+        }
+        Err(_) => {
+            add(&shared.stats.connections_refused, 1);
+            warn!(node = shared.node_id(), %remote, "refused peer connection: TLS handshake timed out");
+            return;
+        }
+    };
+    let hello = async {
+        let (send, mut recv) = connection.accept_bi().await.map_err(|e| e.to_string())?;
+        match read_frame(&mut recv, CONTROL_FRAME_BYTES_MAX).await {
+            Ok(Some(Frame::Hello(hello))) => Ok((send, hello)),
+            Ok(Some(_)) => Err("first frame is not a Hello".to_string()),
+            Ok(None) => Err("stream ended before the Hello".to_string()),
+            Err(FrameReadError::Protocol(reason) | FrameReadError::Stream(reason)) => {
+                Err(format!("malformed Hello: {reason}"))
+            }
+        }
+    };
+    let (mut send, hello) = match tokio::time::timeout(timeout, hello).await {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(reason)) => {
+            refuse(&shared, &connection, None, &reason).await;
+            return;
+        }
+        Err(_) => {
+            refuse(
+                &shared,
+                &connection,
+                None,
+                "no Hello within the handshake timeout",
+            )
+            .await;
+            return;
+        }
+    };
+    if let Err(reason) = check_hello(&shared, &connection, &hello) {
+        refuse(&shared, &connection, Some(&mut send), &reason).await;
+        return;
+    }
+    let reply = Frame::HelloReply(HelloReply {
+        accepted: true,
+        version: PEER_PROTOCOL_VERSION,
+        reason: String::new(),
+    });
+    if write_frame(&mut send, &reply).await.is_err() {
+        return;
+    }
+    let _ = send.finish();
+    let Ok(link) = shared.link(hello.from_node) else {
+        return;
+    };
+    let offer = Offer {
+        connection,
+        dialed_by: hello.from_node,
+    };
+    let _ = link.offers.send(offer).await;
+}
+
+fn check_hello(
+    shared: &Shared,
+    connection: &quinn::Connection,
+    hello: &Hello,
+) -> Result<(), String> {
+    if hello.version != PEER_PROTOCOL_VERSION {
+        return Err(format!(
+            "unsupported peer protocol version {}; this node speaks {}",
+            hello.version, PEER_PROTOCOL_VERSION
+        ));
+    }
+    if hello.cluster != shared.config.cluster_name {
+        return Err(format!(
+            "cluster {:?} is not this node's cluster {:?}",
+            hello.cluster, shared.config.cluster_name
+        ));
+    }
+    if hello.to_node != shared.node_id() {
+        return Err(format!(
+            "dialled node {} but this is node {}",
+            hello.to_node,
+            shared.node_id()
+        ));
+    }
+    if !shared.links.contains_key(&hello.from_node) {
+        return Err(format!(
+            "node {} is not a member of this cluster",
+            hello.from_node
+        ));
+    }
+    verify_peer_node_id(connection.peer_identity(), hello.from_node).map_err(|error| {
+        format!(
+            "certificate does not prove node {}: {error}",
+            hello.from_node
+        )
+    })
+}
+
+async fn refuse(
+    shared: &Shared,
+    connection: &quinn::Connection,
+    send: Option<&mut quinn::SendStream>,
+    reason: &str,
+) {
+    add(&shared.stats.connections_refused, 1);
+    warn!(
+        node = shared.node_id(),
+        remote = %connection.remote_address(),
+        "refused peer connection: {reason}"
+    );
+    if let Some(send) = send {
+        let reply = Frame::HelloReply(HelloReply {
+            accepted: false,
+            version: PEER_PROTOCOL_VERSION,
+            reason: reason.to_string(),
+        });
+        if write_frame(send, &reply).await.is_ok() {
+            let _ = send.finish();
+            // Give the reply a moment to leave before the close frame overtakes it.
+            let _ = tokio::time::timeout(Duration::from_millis(200), send.stopped()).await;
+        }
+    }
+    connection.close(
+        VarInt::from_u32(CLOSE_REFUSED),
+        truncate(reason.as_bytes(), 200),
+    );
+}
+
+async fn dial(shared: &Shared, link: &PeerLink) -> Result<(quinn::Connection, u64), String> {
+    let server_name = node_server_name(link.peer);
+    let connecting = shared
+        .endpoint
+        .connect_with(shared.client_config.clone(), link.addr, &server_name)
+        .map_err(|e| format!("cannot dial {}: {e}", link.addr))?;
+    let attempt = async {
+        let connection = connecting.await.map_err(|e| e.to_string())?;
+        let (mut send, mut recv) = connection.open_bi().await.map_err(|e| e.to_string())?;
+        let hello = Frame::Hello(Hello {
+            version: PEER_PROTOCOL_VERSION,
+            from_node: shared.node_id(),
+            to_node: link.peer,
+            cluster: shared.config.cluster_name.clone(),
+        });
+        write_frame(&mut send, &hello)
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = send.finish();
+        match read_frame(&mut recv, CONTROL_FRAME_BYTES_MAX).await {
+            Ok(Some(Frame::HelloReply(reply))) if reply.accepted => {
+                if reply.version == PEER_PROTOCOL_VERSION {
+                    Ok((connection, shared.node_id()))
+                } else {
+                    Err(format!("peer answered with version {}", reply.version))
+                }
+            }
+            Ok(Some(Frame::HelloReply(reply))) => Err(format!("refused: {}", reply.reason)),
+            Ok(_) => Err("no HelloReply".to_string()),
+            Err(FrameReadError::Protocol(reason) | FrameReadError::Stream(reason)) => {
+                Err(format!("handshake failed: {reason}"))
+            }
+        }
+    };
+    match tokio::time::timeout(shared.config.connect_timeout(), attempt).await {
+        Ok(result) => result,
+        Err(_) => Err("connect timed out".to_string()),
+    }
+}
+
+async fn run_link(shared: Arc<Shared>, link: Arc<PeerLink>) {
+    let Some(mut offers) = link
+        .offers_receiver
+        .lock()
+        .ok()
+        .and_then(|mut slot| slot.take())
+    else {
+        return;
+    };
+    let mut shutdown = shared.shutdown.subscribe();
+    let me = shared.node_id();
+    let preferred_dialer = me.min(link.peer);
+    let grace = Duration::from_millis(shared.config.higher_id_dial_grace_ms);
+    let backoff_min = Duration::from_millis(shared.config.reconnect_backoff_min_ms.max(1));
+    let backoff_max = Duration::from_millis(shared.config.reconnect_backoff_max_ms.max(1));
+    let mut backoff = backoff_min;
+    let mut dial_delay = if me == preferred_dialer {
+        Duration::ZERO
+    } else {
+        grace
+    };
+    let mut next_offer: Option<Offer> = None;
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        let offer = match next_offer.take() {
+            Some(offer) => offer,
+            None => {
+                let sleep = tokio::time::sleep(dial_delay);
+                tokio::select! {
+                    _ = shutdown.changed() => break,
+                    offer = offers.recv() => match offer {
+                        Some(offer) => offer,
+                        None => break,
+                    },
+                    () = sleep => {
+                        // The dial runs to completion (bounded by the connect timeout) even if
+                        // the peer's own connection arrives meanwhile: abandoning a dial half way
+                        // could leave the peer holding a connection this side dropped. Offers that
+                        // arrive meanwhile are resolved by `run_connection`.
+                        match dial(&shared, &link).await {
+                            Ok((connection, dialed_by)) => Offer { connection, dialed_by },
+                            Err(reason) => {
+                                add(&shared.stats.dial_failures, 1);
+                                link.dial_failing.store(true, Ordering::Relaxed);
+                                link.fail_pending();
+                                debug!(node = me, peer = link.peer, "dial failed: {reason}");
+                                dial_delay = shared.jitter(backoff);
+                                backoff = (backoff * 2).min(backoff_max);
+                                continue;
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        link.dial_failing.store(false, Ordering::Relaxed);
+        backoff = backoff_min;
+        next_offer = run_connection(&shared, &link, offer, &mut offers, &mut shutdown).await;
+        dial_delay = if me == preferred_dialer {
+            shared.jitter(backoff_min)
+        } else {
+            grace
+        };
+    }
+    link.connection.send_replace(None);
+    link.fail_pending();
+}
+
+/// Serves one connection until it closes or a preferred one replaces it (returned).
+async fn run_connection(
+    shared: &Arc<Shared>,
+    link: &Arc<PeerLink>,
+    offer: Offer,
+    offers: &mut mpsc::Receiver<Offer>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Offer> {
+    let me = shared.node_id();
+    let preferred_dialer = me.min(link.peer);
+    let Offer {
+        connection,
+        dialed_by,
+    } = offer;
+    add(&shared.stats.connections_established, 1);
+    info!(
+        node = me,
+        peer = link.peer,
+        dialed_by,
+        remote = %connection.remote_address(),
+        "peer connection up"
+    );
+    let (stop_sender, stop) = watch::channel(false);
+    let mut writers = Vec::with_capacity(link.lane_receivers.len());
+    for (index, receiver) in link.lane_receivers.iter().enumerate() {
+        let linger = if index == 0 {
+            Duration::from_micros(shared.config.control_linger_us)
+        } else {
+            Duration::from_micros(shared.config.linger_us)
+        };
+        writers.push(tokio::spawn(lane_writer(
+            shared.clone(),
+            link.peer,
+            connection.clone(),
+            receiver.clone(),
+            linger,
+            stop.clone(),
+        )));
+    }
+    let acceptor = tokio::spawn(inbound::accept_streams(
+        shared.clone(),
+        link.clone(),
+        connection.clone(),
+    ));
+    link.connection.send_replace(Some(connection.clone()));
+    let replacement = loop {
+        tokio::select! {
+            reason = connection.closed() => {
+                info!(node = me, peer = link.peer, "peer connection closed: {reason}");
+                break None;
+            }
+            _ = shutdown.changed() => {
+                connection.close(VarInt::from_u32(CLOSE_SHUTDOWN), b"shutdown");
+                break None;
+            }
+            offer = offers.recv() => match offer {
+                None => break None,
+                Some(offer) => {
+                    add(&shared.stats.connections_deduplicated, 1);
+                    if dialed_by == preferred_dialer || offer.dialed_by != preferred_dialer {
+                        debug!(node = me, peer = link.peer, "closing a duplicate connection");
+                        offer.connection.close(VarInt::from_u32(CLOSE_DUPLICATE), b"duplicate connection");
+                    } else {
+                        debug!(node = me, peer = link.peer, "switching to the preferred connection");
+                        connection.close(VarInt::from_u32(CLOSE_DUPLICATE), b"duplicate connection");
+                        break Some(offer);
+                    }
+                }
+            },
+        }
+    };
+    link.connection.send_replace(None);
+    stop_sender.send_replace(true);
+    acceptor.abort();
+    for writer in writers {
+        let _ = writer.await;
+    }
+    link.fail_pending();
+    if replacement.is_none() {
+        // Requests queued for a dead connection would only be answered into the void.
+        for receiver in &link.lane_receivers {
+            let mut receiver = receiver.lock().await;
+            while receiver.try_recv().is_ok() {}
+        }
+    }
+    replacement
+}
+
+async fn lane_writer(
+    shared: Arc<Shared>,
+    peer: u64,
+    connection: quinn::Connection,
+    receiver: Arc<AsyncMutex<mpsc::Receiver<Outbound>>>,
+    linger: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut receiver = receiver.lock().await;
+    let mut send = tokio::select! {
+        opened = connection.open_uni() => match opened {
+            Ok(send) => send,
+            Err(error) => {
+                debug!(node = shared.node_id(), peer, "cannot open a lane: {error}");
+                return;
+            }
+        },
+        _ = stop.changed() => return,
+    };
+    let batch_bytes_max = shared.config.batch_bytes_max.max(1);
+    let mut buffer = BytesMut::with_capacity(batch_bytes_max + 64 * 1024);
+    loop {
+        let first = tokio::select! {
+            message = receiver.recv() => message,
+            _ = stop.changed() => return,
+        };
+        let Some(first) = first else { return };
+        buffer.clear();
+        let mut batch = BatchEncoder::begin(&mut buffer);
+        batch.push(
+            first.group_id,
+            first.kind,
+            first.correlation_id,
+            &first.payload,
+        );
+        let linger_until = std::time::Instant::now() + linger;
+        loop {
+            while batch.frame_len() < batch_bytes_max {
+                match receiver.try_recv() {
+                    Ok(message) => batch.push(
+                        message.group_id,
+                        message.kind,
+                        message.correlation_id,
+                        &message.payload,
+                    ),
+                    Err(_) => break,
+                }
+            }
+            if batch.frame_len() >= batch_bytes_max
+                || linger.is_zero()
+                || std::time::Instant::now() >= linger_until
+            {
+                break;
+            }
+            if linger >= Duration::from_millis(1) {
+                // A long linger (control lane) sleeps rather than spins; the timer's resolution
+                // is a millisecond.
+                tokio::time::sleep_until(Instant::from_std(linger_until)).await;
+            } else {
+                // A short linger lets the tasks producing messages run before a frame that is
+                // not full is written.
+                tokio::task::yield_now().await;
+            }
+        }
+        let messages = u64::from(batch.count());
+        batch.finish();
+        if let Err(error) = send.write_all(&buffer).await {
+            debug!(node = shared.node_id(), peer, "lane write failed: {error}");
+            return;
+        }
+        add(&shared.stats.frames_sent, 1);
+        add(&shared.stats.messages_sent, messages);
+        add(&shared.stats.bytes_sent, buffer.len() as u64);
+    }
+}
