@@ -4,8 +4,10 @@
 //! heartbeat packets and one syscall per message. Each node runs one quinn endpoint
 //! ([`Transport`]); exactly one mutually authenticated QUIC connection per pair of nodes carries
 //! the Raft traffic of every group between them, in both directions. Messages to one peer are
-//! gathered by per-lane writers into length-prefixed batch frames (format in `tenure-proto`);
-//! a group always uses the same lane, so its messages stay in order while other lanes flow.
+//! gathered by per-lane writers into length-prefixed batch frames (format in `tenure-proto`).
+//! Lane 0 carries heartbeats, votes and leader transfers (with a longer linger, so every heartbeat
+//! due to one peer at a driver tick shares a frame); a group's replication stream always uses the
+//! same other lane, so it stays in order while other lanes flow.
 //!
 //! - [`Transport`]: endpoint, peer links, handshake (version, cluster, node identity proven by
 //!   the certificate), reconnect with capped exponential backoff and jitter, bounded queues.

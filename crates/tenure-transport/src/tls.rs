@@ -42,11 +42,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use quinn::crypto::rustls::{NoInitialCipherSuite, QuicClientConfig, QuicServerConfig};
-use rcgen::string::{Ia5String, PrintableString};
+use rcgen::string::Ia5String;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, DnValue,
-    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
-    PublicKeyData as _, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData as _, SanType,
 };
 use rustls::RootCertStore;
 use rustls::client::WebPkiServerVerifier;
@@ -403,12 +402,13 @@ pub fn generate_cluster_ca(cluster_name: &str) -> Result<ClusterCa, TlsError> {
 ///
 /// Subject alternative names: [`node_server_name`]`(node_id)` and every address of `ip_sans`.
 /// Extended key usages: serverAuth and clientAuth, so the certificate serves both ends of a peer
-/// link. Valid for [`NODE_CERT_VALIDITY`]. The subject repeats the CA's subject attributes
-/// (organization, cluster name) except the common name, which is the node's server name.
+/// link. Valid for [`NODE_CERT_VALIDITY`]. The subject is the common name
+/// [`node_server_name`]`(node_id)` alone.
 ///
 /// `ca` may come from [`generate_cluster_ca`] or from files ([`ClusterCa::load`]); its key must
-/// belong to its certificate. The issued certificate is verified against the CA before it is
-/// returned.
+/// belong to its certificate. rcgen (with x509-parser) reads the CA certificate's subject name and
+/// subject key identifier, which the issued certificate repeats as its issuer name and authority
+/// key identifier. The issued certificate is verified against the CA before it is returned.
 pub fn issue_node_certificate(
     ca: &ClusterCa,
     node_id: u64,
@@ -426,23 +426,15 @@ pub fn issue_node_certificate(
     if ca_key.subject_public_key_info().as_slice() != webpki::spki_for_anchor(&anchor).as_ref() {
         return Err(TlsError::CaKeyMismatch);
     }
-    // The node certificate's issuer name must repeat the CA's subject name byte for byte; rcgen
-    // re-encodes it from a parsed DistinguishedName, and the check below confirms the bytes.
-    let ca_name = distinguished_name_from_der(anchor.subject.as_ref())?;
-    // Likewise the authority key identifier must repeat the CA's subject key identifier, or
-    // verifiers that match on it (OpenSSL) do not find the issuer; without one, none is written.
-    let ca_key_id = subject_key_identifier(ca_der.as_ref())?;
-    let mut issuer_params = CertificateParams::default();
-    issuer_params.distinguished_name = ca_name.clone();
-    if let Some(key_id) = &ca_key_id {
-        issuer_params.key_identifier_method = KeyIdMethod::PreSpecified(key_id.clone());
-    }
-    issuer_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let issuer = Issuer::new(issuer_params, ca_key);
+    // rcgen parses the CA certificate (the same DER as the anchor above) for its subject name,
+    // which it re-encodes as the issuer name of the node certificate, and its subject key
+    // identifier, which it repeats as the authority key identifier (verifiers that match on it,
+    // such as OpenSSL, need that to find the issuer).
+    let issuer = Issuer::from_ca_cert_der(&ca_der, ca_key).map_err(|source| {
+        TlsError::UnsupportedCaCertificate {
+            reason: format!("rcgen cannot read it: {source}"),
+        }
+    })?;
 
     let server_name = node_server_name(node_id);
     let generate = |source| TlsError::Generate {
@@ -456,21 +448,17 @@ pub fn issue_node_certificate(
     params.subject_alt_names = std::iter::once(SanType::DnsName(dns_name))
         .chain(ip_sans.iter().map(|ip| SanType::IpAddress(*ip)))
         .collect();
-    let mut subject = DistinguishedName::new();
-    for (ty, value) in ca_name.iter() {
-        if *ty != DnType::CommonName {
-            subject.push(ty.clone(), value.clone());
-        }
-    }
-    subject.push(DnType::CommonName, server_name.as_str());
-    params.distinguished_name = subject;
+    params.distinguished_name = DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, server_name.as_str());
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![
         ExtendedKeyUsagePurpose::ServerAuth,
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
-    params.use_authority_key_identifier_extension = ca_key_id.is_some();
+    params.use_authority_key_identifier_extension = true;
     set_validity(&mut params, NODE_CERT_VALIDITY)?;
     let cert = params.signed_by(&key, &issuer).map_err(generate)?;
 
@@ -481,6 +469,8 @@ pub fn issue_node_certificate(
             source,
         }
     })?;
+    // rcgen re-encodes the name rather than copying its bytes; a name it cannot reproduce (for
+    // example one repeating an attribute type) would not chain.
     if issued.issuer() != anchor.subject.as_ref() {
         return Err(TlsError::UnsupportedCaCertificate {
             reason: "its subject name does not survive re-encoding".to_owned(),
@@ -1019,148 +1009,12 @@ fn sync_dir(dir: &Path) -> Result<(), TlsError> {
     Ok(())
 }
 
-// DER tags read by `distinguished_name_from_der` and `subject_key_identifier`.
-const TAG_SEQUENCE: u8 = 0x30;
-const TAG_SET: u8 = 0x31;
-const TAG_OID: u8 = 0x06;
-const TAG_BOOLEAN: u8 = 0x01;
-const TAG_OCTET_STRING: u8 = 0x04;
-const TAG_EXTENSIONS: u8 = 0xa3;
-const TAG_UTF8_STRING: u8 = 0x0c;
-const TAG_PRINTABLE_STRING: u8 = 0x13;
-const TAG_IA5_STRING: u8 = 0x16;
-
-/// Parses the contents of an X.509 `Name` (a certificate's subject without its outer SEQUENCE)
-/// into rcgen's form, so that rcgen can write it as the issuer of the certificates it signs.
-///
-/// Supports what CAs made by [`generate_cluster_ca`] (and most others) use: single-valued
-/// relative distinguished names of country, state, locality, organization, organizational unit
-/// and common name, as UTF8String, PrintableString or IA5String. Anything else is
-/// [`TlsError::UnsupportedCaCertificate`].
-fn distinguished_name_from_der(mut name: &[u8]) -> Result<DistinguishedName, TlsError> {
-    let unsupported = |reason: &str| TlsError::UnsupportedCaCertificate {
-        reason: format!("its subject name {reason}"),
-    };
-    let mut parsed = DistinguishedName::new();
-    while !name.is_empty() {
-        let (rdn, rest) =
-            read_der(name, TAG_SET).ok_or_else(|| unsupported("is not a sequence of sets"))?;
-        name = rest;
-        let (attribute, rest) =
-            read_der(rdn, TAG_SEQUENCE).ok_or_else(|| unsupported("has a malformed attribute"))?;
-        if !rest.is_empty() {
-            return Err(unsupported("has a multi-valued attribute"));
-        }
-        let (oid, value) = read_der(attribute, TAG_OID)
-            .ok_or_else(|| unsupported("has an attribute without a type"))?;
-        let ty = dn_type(oid).ok_or_else(|| unsupported("has an attribute of unsupported type"))?;
-        let (tag, text, rest) =
-            read_tlv(value).ok_or_else(|| unsupported("has a malformed attribute value"))?;
-        if !rest.is_empty() {
-            return Err(unsupported("has an attribute with trailing data"));
-        }
-        let text = std::str::from_utf8(text)
-            .map_err(|_| unsupported("has a value that is not valid text"))?;
-        let value = match tag {
-            TAG_UTF8_STRING => DnValue::Utf8String(text.to_owned()),
-            TAG_PRINTABLE_STRING => DnValue::PrintableString(
-                PrintableString::try_from(text)
-                    .map_err(|_| unsupported("has an invalid PrintableString"))?,
-            ),
-            TAG_IA5_STRING => DnValue::Ia5String(
-                Ia5String::try_from(text).map_err(|_| unsupported("has an invalid IA5String"))?,
-            ),
-            _ => return Err(unsupported("has a value of unsupported string type")),
-        };
-        if parsed.get(&ty).is_some() {
-            return Err(unsupported("repeats an attribute type"));
-        }
-        parsed.push(ty, value);
-    }
-    Ok(parsed)
-}
-
-/// The subject key identifier of a DER certificate, if it has that extension.
-fn subject_key_identifier(cert: &[u8]) -> Result<Option<Vec<u8>>, TlsError> {
-    let malformed = || TlsError::UnsupportedCaCertificate {
-        reason: "its extensions are malformed".to_owned(),
-    };
-    let (cert, _) = read_der(cert, TAG_SEQUENCE).ok_or_else(malformed)?;
-    let (mut tbs, _) = read_der(cert, TAG_SEQUENCE).ok_or_else(malformed)?;
-    // Only the extensions field of a TBSCertificate is tagged [3].
-    while !tbs.is_empty() {
-        let (tag, field, rest) = read_tlv(tbs).ok_or_else(malformed)?;
-        tbs = rest;
-        if tag != TAG_EXTENSIONS {
-            continue;
-        }
-        let (mut extensions, _) = read_der(field, TAG_SEQUENCE).ok_or_else(malformed)?;
-        while !extensions.is_empty() {
-            let (extension, rest) = read_der(extensions, TAG_SEQUENCE).ok_or_else(malformed)?;
-            extensions = rest;
-            let (oid, value) = read_der(extension, TAG_OID).ok_or_else(malformed)?;
-            // id-ce-subjectKeyIdentifier, 2.5.29.14.
-            if oid != [0x55, 0x1d, 0x0e] {
-                continue;
-            }
-            let value = read_der(value, TAG_BOOLEAN).map_or(value, |(_, rest)| rest);
-            let (value, _) = read_der(value, TAG_OCTET_STRING).ok_or_else(malformed)?;
-            let (key_id, _) = read_der(value, TAG_OCTET_STRING).ok_or_else(malformed)?;
-            return Ok(Some(key_id.to_vec()));
-        }
-    }
-    Ok(None)
-}
-
-/// The attribute type of a DER-encoded object identifier (contents only), if supported.
-fn dn_type(oid: &[u8]) -> Option<DnType> {
-    // All are under id-at, 2.5.4 (encoded 0x55 0x04).
-    match oid {
-        [0x55, 0x04, 0x03] => Some(DnType::CommonName),
-        [0x55, 0x04, 0x06] => Some(DnType::CountryName),
-        [0x55, 0x04, 0x07] => Some(DnType::LocalityName),
-        [0x55, 0x04, 0x08] => Some(DnType::StateOrProvinceName),
-        [0x55, 0x04, 0x0a] => Some(DnType::OrganizationName),
-        [0x55, 0x04, 0x0b] => Some(DnType::OrganizationalUnitName),
-        _ => None,
-    }
-}
-
-/// Reads one DER element with tag `tag`: its contents and what follows it.
-fn read_der(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-    match read_tlv(input)? {
-        (found, contents, rest) if found == tag => Some((contents, rest)),
-        _ => None,
-    }
-}
-
-/// Reads one DER element (single-byte tag, length of at most four bytes): tag, contents, rest.
-fn read_tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, input) = input.split_first()?;
-    let (&first, input) = input.split_first()?;
-    let (len, input) = if first < 0x80 {
-        (usize::from(first), input)
-    } else {
-        let count = usize::from(first & 0x7f);
-        if count == 0 || count > 4 || input.len() < count {
-            return None;
-        }
-        let (bytes, input) = input.split_at(count);
-        let len = bytes
-            .iter()
-            .fold(0usize, |len, byte| (len << 8) | usize::from(*byte));
-        (len, input)
-    };
-    if input.len() < len {
-        return None;
-    }
-    let (contents, rest) = input.split_at(len);
-    Some((tag, contents, rest))
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+    use rcgen::string::PrintableString;
+    use rcgen::{DnValue, KeyIdMethod};
+
     use super::*;
 
     #[test]
@@ -1200,48 +1054,82 @@ mod tests {
         NodeTls::from_pem(7, &ca.cert_pem, &node.cert_pem, &node.key_pem).unwrap();
     }
 
-    #[test]
-    fn subject_name_round_trips() {
-        let ca = generate_cluster_ca("round trip").unwrap();
-        let der = CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap();
-        let anchor = webpki::anchor_from_trusted_cert(&der).unwrap();
-        let name = distinguished_name_from_der(anchor.subject.as_ref()).unwrap();
-        let entries: Vec<_> = name.iter().collect();
-        assert_eq!(entries.len(), 3);
-        assert_eq!(
-            name.get(&DnType::OrganizationalUnitName),
-            Some(&DnValue::Utf8String("round trip".to_owned()))
-        );
+    /// The DER of an AuthorityKeyIdentifier extension value holding only `key_id`:
+    /// `SEQUENCE { keyIdentifier [0] IMPLICIT OCTET STRING }`.
+    fn authority_key_identifier(key_id: &[u8]) -> Vec<u8> {
+        let len = u8::try_from(key_id.len()).unwrap();
+        let mut aki = vec![0x30, len + 2, 0x80, len];
+        aki.extend_from_slice(key_id);
+        aki
+    }
+
+    fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+        haystack
+            .windows(needle.len())
+            .any(|window| window == needle)
     }
 
     #[test]
     fn authority_key_identifier_repeats_ca_subject_key_identifier() {
         let ca = generate_cluster_ca("key ids").unwrap();
         let ca_der = CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap();
-        let ca_key_id = subject_key_identifier(ca_der.as_ref()).unwrap().unwrap();
+        let ca_key = KeyPair::from_pem(&ca.key_pem).unwrap();
+        // generate_cluster_ca leaves rcgen's default key identifier method (truncated SHA-256).
+        let ca_key_id = CertificateParams::default().key_identifier(&ca_key);
         assert_eq!(ca_key_id.len(), 20);
+        // SubjectKeyIdentifier ::= OCTET STRING
+        let mut ski = vec![0x04, 20];
+        ski.extend_from_slice(&ca_key_id);
+        assert!(contains(ca_der.as_ref(), &ski));
+
         let node = issue_node_certificate(&ca, 1, &[]).unwrap();
         let node_der = CertificateDer::from_pem_slice(node.cert_pem.as_bytes()).unwrap();
-        let node_key_id = subject_key_identifier(node_der.as_ref()).unwrap().unwrap();
-        assert_ne!(node_key_id, ca_key_id);
-        // AuthorityKeyIdentifier ::= SEQUENCE { keyIdentifier [0] IMPLICIT OCTET STRING }
-        let mut aki = vec![0x30, 22, 0x80, 20];
-        aki.extend_from_slice(&ca_key_id);
-        assert!(node_der.as_ref().windows(aki.len()).any(|w| w == aki));
+        assert!(contains(
+            node_der.as_ref(),
+            &authority_key_identifier(&ca_key_id)
+        ));
     }
 
     #[test]
-    fn malformed_subject_names_are_rejected() {
-        for bad in [
-            &[0x30, 0x00][..],                   // a SEQUENCE where a SET belongs
-            &[0x31, 0x05, 0x30, 0x03][..],       // truncated
-            &[0x31, 0x84, 0xff, 0xff, 0xff][..], // length beyond the input
-        ] {
-            assert!(matches!(
-                distinguished_name_from_der(bad),
-                Err(TlsError::UnsupportedCaCertificate { .. })
-            ));
-        }
+    fn ca_not_made_here_is_repeated_exactly() {
+        // A CA with a PrintableString attribute, attributes generate_cluster_ca does not use, and
+        // a subject key identifier that is not a hash rcgen would compute.
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(
+            DnType::CountryName,
+            DnValue::PrintableString(PrintableString::try_from("DE").unwrap()),
+        );
+        params
+            .distinguished_name
+            .push(DnType::LocalityName, "Zürich");
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "elsewhere");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "imported CA");
+        let key_id = b"imported key id".to_vec();
+        params.key_identifier_method = KeyIdMethod::PreSpecified(key_id.clone());
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+        set_validity(&mut params, CA_VALIDITY).unwrap();
+        let ca = ClusterCa {
+            cert_pem: params.self_signed(&key).unwrap().pem(),
+            key_pem: key.serialize_pem(),
+        };
+
+        let node = issue_node_certificate(&ca, 5, &[]).unwrap();
+        let ca_der = CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap();
+        let anchor = webpki::anchor_from_trusted_cert(&ca_der).unwrap();
+        let node_der = CertificateDer::from_pem_slice(node.cert_pem.as_bytes()).unwrap();
+        let issued = webpki::EndEntityCert::try_from(&node_der).unwrap();
+        assert_eq!(issued.issuer(), anchor.subject.as_ref());
+        assert!(contains(
+            node_der.as_ref(),
+            &authority_key_identifier(&key_id)
+        ));
+        NodeTls::from_pem(5, &ca.cert_pem, &node.cert_pem, &node.key_pem).unwrap();
     }
 
     #[test]

@@ -132,10 +132,9 @@ async fn three_nodes_256_groups_elect_replicate_and_survive_a_lost_node() {
     elect_replicate_and_lose_a_node(256).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partitioned_node_loses_its_groups_and_heals() {
+async fn partition_and_heal(groups: u32) {
     let cluster = LocalCluster::start(ClusterOptions {
-        groups: 64,
+        groups,
         seed: 7,
         ..ClusterOptions::default()
     })
@@ -192,8 +191,54 @@ async fn a_partitioned_node_loses_its_groups_and_heals() {
         .values()
         .map(|s| s.fault_dropped)
         .sum();
-    println!("partition: {dropped} messages dropped by the fault layer; healed and converged");
+    println!(
+        "partition: {groups} groups: node {isolated} cut off, {} groups led by the majority, {dropped} messages dropped by the fault layer; healed and converged",
+        leaders.len()
+    );
     assert!(dropped > 0);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_64_groups_heal_after_a_partition() {
+    partition_and_heal(64).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_256_groups_heal_after_a_partition() {
+    partition_and_heal(256).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_transfer_moves_leadership_to_the_chosen_node() {
+    let cluster = LocalCluster::start(ClusterOptions {
+        groups: 8,
+        seed: 17,
+        ..ClusterOptions::default()
+    })
+    .await
+    .unwrap();
+    let all = cluster.live_nodes();
+    let leaders = cluster.wait_for_leaders(&all, WAIT).await.unwrap();
+    for (&group, &leader) in &leaders {
+        let target = all.iter().copied().find(|id| *id != leader).unwrap();
+        let raft = cluster.node(leader).unwrap().raft(group).unwrap();
+        raft.trigger().transfer_leader(target).await.unwrap();
+        let target_raft = cluster.node(target).unwrap().raft(group).unwrap();
+        target_raft
+            .wait(Some(WAIT))
+            .metrics(
+                |m| m.state == openraft::ServerState::Leader,
+                "the chosen node leads",
+            )
+            .await
+            .unwrap();
+        cluster.write(group, acquire(group, 1), WAIT).await.unwrap();
+    }
+    println!(
+        "leader transfer: {} groups moved to the chosen node",
+        leaders.len()
+    );
     cluster.shutdown().await;
 }
 
