@@ -99,13 +99,7 @@ fn total(cluster: &LocalCluster) -> TransportStatsSnapshot {
     cluster
         .transport_stats()
         .values()
-        .fold(TransportStatsSnapshot::default(), |mut sum, s| {
-            sum.frames_sent += s.frames_sent;
-            sum.messages_sent += s.messages_sent;
-            sum.bytes_sent += s.bytes_sent;
-            sum.heartbeats_sent += s.heartbeats_sent;
-            sum
-        })
+        .fold(TransportStatsSnapshot::default(), |sum, s| sum.plus(s))
 }
 
 fn entry(group: u32, writer: u32, n: u64, ops: u32) -> Command {

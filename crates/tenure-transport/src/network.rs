@@ -144,13 +144,14 @@ fn rpc_error(
 }
 
 fn decode_reply<T: DeserializeOwned>(
+    peer: u64,
     reply: Reply,
     expected: MessageKind,
     what: &'static str,
 ) -> Result<Result<T, String>, TransportError> {
     if reply.kind != expected {
         return Err(TransportError::Remote {
-            peer: 0,
+            peer,
             reason: format!("expected {expected:?}, got {:?}", reply.kind),
         });
     }
@@ -175,7 +176,7 @@ impl PeerRaftClient {
             .request(self.target, self.group_id, kind, payload, timeout)
             .await
             .map_err(to_rpc)?;
-        match decode_reply::<Resp>(reply, reply_kind, "reply").map_err(to_rpc)? {
+        match decode_reply::<Resp>(self.target, reply, reply_kind, "reply").map_err(to_rpc)? {
             Ok(response) => Ok(response),
             Err(remote) => Err(RPCError::Unreachable(Unreachable::from_string(format!(
                 "node {} group {}: {remote}",
@@ -469,20 +470,18 @@ impl Pipeline {
                     };
                     let peer = pending.peer();
                     let result = match answer {
-                        Ok(Ok(reply)) if reply.kind == MessageKind::Failure => {
-                            let reason = decode_payload::<String>(&reply.payload, "failure")
-                                .unwrap_or_else(|e| e.to_string());
-                            Err(TransportError::Remote { peer, reason })
-                        }
-                        Ok(Ok(reply)) => decode_reply::<StreamAppendResult<TenureRaft>>(
-                            reply,
-                            MessageKind::StreamAppendResponse,
-                            "StreamAppendResponse",
-                        )
-                        .and_then(|inner: StreamAppendReplyPayload| {
-                            inner.map_err(|reason| TransportError::Remote { peer, reason })
-                        }),
-                        Ok(Err(_)) => Err(TransportError::ConnectionLost { peer }),
+                        Ok(received) => crate::transport::answer(peer, received)
+                            .and_then(|reply| {
+                                decode_reply::<StreamAppendResult<TenureRaft>>(
+                                    peer,
+                                    reply,
+                                    MessageKind::StreamAppendResponse,
+                                    "StreamAppendResponse",
+                                )
+                            })
+                            .and_then(|inner: StreamAppendReplyPayload| {
+                                inner.map_err(|reason| TransportError::Remote { peer, reason })
+                            }),
                         Err(_) => Err(TransportError::Timeout {
                             peer,
                             timeout_ms: 0,

@@ -29,6 +29,13 @@ macro_rules! counters {
         }
 
         impl TransportStatsSnapshot {
+            /// Counter sums `self + other` (totals over nodes).
+            pub fn plus(&self, other: &Self) -> Self {
+                Self {
+                    $($name: self.$name.saturating_add(other.$name),)*
+                }
+            }
+
             /// Counter differences `self - earlier`.
             pub fn since(&self, earlier: &Self) -> Self {
                 Self {

@@ -182,6 +182,23 @@ impl PeerLink {
     }
 }
 
+/// What a requester received from `peer`: an answer, a `Failure` (the peer could not serve the
+/// request), or nothing because the connection dropped.
+pub(crate) fn answer(
+    peer: u64,
+    received: Result<Reply, oneshot::error::RecvError>,
+) -> Result<Reply, TransportError> {
+    match received {
+        Ok(reply) if reply.kind == MessageKind::Failure => {
+            let reason = tenure_proto::decode_payload::<String>(&reply.payload, "failure")
+                .unwrap_or_else(|error| format!("undecodable failure: {error}"));
+            Err(TransportError::Remote { peer, reason })
+        }
+        Ok(reply) => Ok(reply),
+        Err(_) => Err(TransportError::ConnectionLost { peer }),
+    }
+}
+
 /// A request sent and waiting for its answer. Dropping it forgets the correlation id.
 pub(crate) struct PendingReply {
     link: Arc<PeerLink>,
@@ -200,13 +217,7 @@ impl PendingReply {
     pub(crate) async fn wait(mut self, deadline: Instant) -> Result<Reply, TransportError> {
         let peer = self.link.peer;
         match tokio::time::timeout_at(deadline, &mut self.receiver).await {
-            Ok(Ok(reply)) if reply.kind == MessageKind::Failure => {
-                let reason = tenure_proto::decode_payload::<String>(&reply.payload, "failure")
-                    .unwrap_or_else(|error| format!("undecodable failure: {error}"));
-                Err(TransportError::Remote { peer, reason })
-            }
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(_)) => Err(TransportError::ConnectionLost { peer }),
+            Ok(received) => answer(peer, received),
             Err(_) => Err(TransportError::Timeout {
                 peer,
                 timeout_ms: 0,

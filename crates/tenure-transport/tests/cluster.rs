@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use openraft::type_config::async_runtime::WatchReceiver;
 use tenure_core::{AcquireRequest, Command, LeaseOp, ResourceKey};
-use tenure_transport::LinkFaults;
 use tenure_transport::testing::{ClusterOptions, LocalCluster};
+use tenure_transport::{LinkFaults, TransportStatsSnapshot};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -276,13 +276,12 @@ async fn replication_survives_drops_duplicates_delays_and_reordering() {
     let totals = cluster
         .transport_stats()
         .values()
-        .fold((0, 0, 0), |acc, s| {
-            (
-                acc.0 + s.fault_dropped,
-                acc.1 + s.fault_duplicated,
-                acc.2 + s.fault_delayed,
-            )
-        });
+        .fold(TransportStatsSnapshot::default(), |sum, s| sum.plus(s));
+    let totals = (
+        totals.fault_dropped,
+        totals.fault_duplicated,
+        totals.fault_delayed,
+    );
     println!(
         "lossy network (seed {}): {} dropped, {} duplicated, {} delayed; all replicas agree",
         cluster.faults().seed(),
