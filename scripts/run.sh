@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# The README's run command. The node binary (`tenure dev`) arrives with the server issue; until then
-# this runs what exists, end to end, and stops by itself (about a minute after the build):
-#  1. the pure lease state machine holding one million active leases (memory per lease, renews/s);
-#  2. three in-process nodes over real QUIC on loopback with RocksDB and fsync, 256 Raft groups:
-#     idle CPU, then replicated entries/s, write latency and Raft messages per QUIC frame.
-# Arguments go to the cluster run (see bench/src/bin/transport_cluster.rs), e.g. --groups 64.
+# The README's run command: a local 3-node tenure cluster on loopback (separate node processes,
+# embedded RocksDB with fsync, 64 Raft groups), ready for `tenurectl`, curl and the load generator.
+# It writes ./tenure-dev/cluster.json once every group has a leader; Ctrl-C stops it cleanly and
+# running it again restarts the same cluster with its data. Arguments go to `tenure dev`
+# (e.g. --nodes 5 --groups 256 --data-dir /tmp/tenure, --duration-s 60 to stop by itself).
+# The earlier probes stay runnable: ./scripts/bench.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
-cargo build --release --locked --workspace --all-features --bins
+cargo build --release --locked -p tenure-server --bin tenure
 bin="${CARGO_TARGET_DIR:-target}/release"
-"$bin/lease_memory"
-"$bin/transport_cluster" "$@"
+exec "$bin/tenure" dev "$@"

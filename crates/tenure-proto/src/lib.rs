@@ -3,7 +3,8 @@
 //! This crate is the only place that knows how tenure's messages look on the wire. Today that is
 //! the peer protocol between nodes ([`peer`]): the handshake every peer connection starts with,
 //! length-prefixed batch frames that carry Raft messages of many groups, and the snapshot offer
-//! and reply that travel on their own streams. The client protocol joins it with the server issue.
+//! and reply that travel on their own streams; and the native client protocol ([`client`]):
+//! batched, id-matched requests and responses between clients (or forwarding nodes) and a node.
 //!
 //! It is sans-IO: functions turn values into bytes and bytes into values (or a typed
 //! [`ProtoError`]); reading sockets and deciding what to do with a message belong to
@@ -14,6 +15,7 @@
 //! here: callers encode them with [`encode_payload`] (postcard) and decode them with
 //! [`decode_payload`].
 
+pub mod client;
 pub mod peer;
 
 pub use peer::{

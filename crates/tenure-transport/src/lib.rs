@@ -46,7 +46,7 @@ pub use error::TransportError;
 pub use fault::{FaultInjector, LinkFaults, Verdict};
 pub use heartbeat::spawn_heartbeat_driver;
 pub use network::{GroupNetworkFactory, PeerRaftClient};
-pub use registry::{GroupRaft, GroupRegistry, GroupTable};
+pub use registry::{ClientAcceptor, GroupRaft, GroupRegistry, GroupTable};
 pub use stats::{TransportStats, TransportStatsSnapshot};
 pub use transport::{
     CLOSE_DUPLICATE, CLOSE_PROTOCOL_ERROR, CLOSE_REFUSED, CLOSE_SHUTDOWN, Transport,

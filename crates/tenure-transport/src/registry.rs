@@ -23,6 +23,15 @@ pub trait GroupRegistry: Send + Sync + 'static {
     fn snapshot_spool_dir(&self) -> &Path;
 }
 
+/// Receives connections that negotiated the client protocol's ALPN
+/// (`tenure_proto::client::CLIENT_ALPN`) on the node's endpoint. The transport only routes them;
+/// serving them is the server's business.
+pub trait ClientAcceptor: Send + Sync + 'static {
+    /// Takes an established client connection (TLS done; the client certificate, if any, has
+    /// been verified against the cluster CA).
+    fn accept(&self, connection: quinn::Connection);
+}
+
 /// A concurrent map of group id to local replica.
 #[derive(Debug)]
 pub struct GroupTable {

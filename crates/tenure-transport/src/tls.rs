@@ -58,6 +58,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, TrustAnchor, U
 /// ALPN protocol identifier of tenure peer links; both sides require it.
 pub const PEER_ALPN: &[u8] = b"tenure-peer/1";
 
+pub use tenure_proto::client::CLIENT_ALPN;
+
 /// DNS suffix of the names in node certificates; see [`node_server_name`].
 pub const NODE_NAME_SUFFIX: &str = ".tenure.internal";
 
@@ -638,16 +640,32 @@ impl NodeTls {
         &self,
         transport: Arc<quinn::TransportConfig>,
     ) -> Result<quinn::ServerConfig, TlsError> {
+        self.quinn_server_config_for(transport, false)
+    }
+
+    /// The server configuration of the node's endpoint. With `accept_clients`, it also offers
+    /// the client protocol's ALPN (`tenure_proto::client::CLIENT_ALPN`) and a client certificate
+    /// becomes optional (when one is presented it must still chain to the cluster CA); the peer
+    /// handshake then refuses peers without one ([`verify_peer_node_id`]).
+    pub fn quinn_server_config_for(
+        &self,
+        transport: Arc<quinn::TransportConfig>,
+        accept_clients: bool,
+    ) -> Result<quinn::ServerConfig, TlsError> {
         const SIDE: &str = "server";
         let node_id = self.node_id;
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), self.provider.clone())
-                .build()
-                .map_err(|source| TlsError::Verifier {
-                    node_id,
-                    side: SIDE,
-                    source,
-                })?;
+        let mut verifier_builder =
+            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), self.provider.clone());
+        if accept_clients {
+            verifier_builder = verifier_builder.allow_unauthenticated();
+        }
+        let verifier = verifier_builder
+            .build()
+            .map_err(|source| TlsError::Verifier {
+                node_id,
+                side: SIDE,
+                source,
+            })?;
         let config_error = |source| TlsError::Config {
             node_id,
             side: SIDE,
@@ -659,7 +677,11 @@ impl NodeTls {
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(config_error)?;
-        tls.alpn_protocols = vec![PEER_ALPN.to_vec()];
+        tls.alpn_protocols = if accept_clients {
+            vec![PEER_ALPN.to_vec(), CLIENT_ALPN.to_vec()]
+        } else {
+            vec![PEER_ALPN.to_vec()]
+        };
         tls.max_early_data_size = 0;
         tls.send_tls13_tickets = 0;
         tls.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
@@ -680,6 +702,17 @@ impl NodeTls {
     pub fn quinn_client_config(
         &self,
         transport: Arc<quinn::TransportConfig>,
+    ) -> Result<quinn::ClientConfig, TlsError> {
+        self.quinn_client_config_for(transport, PEER_ALPN)
+    }
+
+    /// Client side of a connection with the given ALPN (the peer protocol's, or the client
+    /// protocol's when a node forwards requests to another node), presenting this node's
+    /// certificate.
+    pub fn quinn_client_config_for(
+        &self,
+        transport: Arc<quinn::TransportConfig>,
+        alpn: &[u8],
     ) -> Result<quinn::ClientConfig, TlsError> {
         const SIDE: &str = "client";
         let node_id = self.node_id;
@@ -702,7 +735,7 @@ impl NodeTls {
             .with_webpki_verifier(verifier)
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(config_error)?;
-        tls.alpn_protocols = vec![PEER_ALPN.to_vec()];
+        tls.alpn_protocols = vec![alpn.to_vec()];
         tls.resumption = rustls::client::Resumption::disabled();
         tls.enable_early_data = false;
 

@@ -27,6 +27,7 @@ use dashmap::DashMap;
 use quinn::VarInt;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use tenure_proto::client::CLIENT_ALPN;
 use tenure_proto::peer::{BatchEncoder, FRAME_LENGTH_BYTES, MESSAGE_HEADER_BYTES};
 use tenure_proto::{
     Frame, Hello, HelloReply, MessageKind, PEER_PROTOCOL_VERSION, ProtoError, decode_frame_body,
@@ -40,7 +41,7 @@ use crate::config::TransportConfig;
 use crate::error::TransportError;
 use crate::fault::{FaultInjector, Verdict};
 use crate::inbound;
-use crate::registry::GroupRegistry;
+use crate::registry::{ClientAcceptor, GroupRegistry};
 use crate::stats::{TransportStats, TransportStatsSnapshot, add};
 use crate::tls::{NodeTls, node_server_name, verify_peer_node_id};
 
@@ -243,6 +244,7 @@ pub(crate) struct Shared {
     client_config: quinn::ClientConfig,
     links: HashMap<u64, Arc<PeerLink>>,
     pub(crate) registry: Arc<dyn GroupRegistry>,
+    client_acceptor: Option<Arc<dyn ClientAcceptor>>,
     faults: Option<Arc<FaultInjector>>,
     pub(crate) stats: TransportStats,
     shutdown: watch::Sender<bool>,
@@ -296,7 +298,22 @@ impl Transport {
         registry: Arc<dyn GroupRegistry>,
         faults: Option<Arc<FaultInjector>>,
     ) -> Result<Self, TransportError> {
-        let server_config = tls.quinn_server_config(quinn_transport_config(&config))?;
+        Self::start_with_clients(config, tls, registry, faults, None)
+    }
+
+    /// Like [`Transport::start`], and when `client_acceptor` is given the endpoint also accepts
+    /// the client protocol (`tenure_proto::client::CLIENT_ALPN`, client certificate optional) and
+    /// hands those connections to it. Peer connections still need a node certificate (checked in
+    /// the handshake).
+    pub fn start_with_clients(
+        config: TransportConfig,
+        tls: &NodeTls,
+        registry: Arc<dyn GroupRegistry>,
+        faults: Option<Arc<FaultInjector>>,
+        client_acceptor: Option<Arc<dyn ClientAcceptor>>,
+    ) -> Result<Self, TransportError> {
+        let server_config = tls
+            .quinn_server_config_for(quinn_transport_config(&config), client_acceptor.is_some())?;
         let client_config = tls.quinn_client_config(quinn_transport_config(&config))?;
         let endpoint = quinn::Endpoint::server(server_config, config.listen_addr).map_err(|e| {
             TransportError::io(
@@ -318,6 +335,7 @@ impl Transport {
             client_config,
             links,
             registry,
+            client_acceptor,
             faults,
             stats: TransportStats::default(),
             shutdown: watch::Sender::new(false),
@@ -335,6 +353,11 @@ impl Transport {
     /// This node's id.
     pub fn node_id(&self) -> u64 {
         self.shared.config.node_id
+    }
+
+    /// The node's QUIC endpoint (for dialling other nodes' client protocol).
+    pub fn endpoint(&self) -> quinn::Endpoint {
+        self.shared.endpoint.clone()
     }
 
     /// The bound UDP address.
@@ -632,6 +655,16 @@ async fn handshake_incoming(shared: Arc<Shared>, incoming: quinn::Incoming) {
             return;
         }
     };
+    if let Some(acceptor) = &shared.client_acceptor {
+        let protocol = connection
+            .handshake_data()
+            .and_then(|data| data.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+            .and_then(|data| data.protocol);
+        if protocol.as_deref() == Some(CLIENT_ALPN) {
+            acceptor.accept(connection);
+            return;
+        }
+    }
     let hello = async {
         let (send, mut recv) = connection.accept_bi().await.map_err(|e| e.to_string())?;
         match read_frame(&mut recv, CONTROL_FRAME_BYTES_MAX).await {

@@ -1,0 +1,343 @@
+//! The native client protocol: how clients (and nodes forwarding for them) talk to a node.
+//!
+//! Connections use QUIC with ALPN [`CLIENT_ALPN`] on the node's single endpoint (the same UDP
+//! port as the peer protocol). The server presents its node certificate (name
+//! `node-N.tenure.internal`, signed by the cluster CA); clients verify it against the cluster CA.
+//! A client certificate is optional: a node certificate of the cluster marks a forwarding node,
+//! which may act for the principal it names in [`Request::principal`].
+//!
+//! A client opens any number of bidirectional streams. On each it writes request frames and reads
+//! response frames; responses come back in completion order, matched to requests by
+//! [`Request::id`] (unique per stream while outstanding). Each frame is:
+//!
+//! ```text
+//! frame = body_len:u32 (little endian, 1..=CLIENT_FRAME_BYTES_MAX) body
+//! body  = postcard(RequestFrame)   client -> node
+//!       | postcard(ResponseFrame)  node -> client
+//! ```
+//!
+//! Bodies are [postcard](https://postcard.jamesmunns.com/wire-format) encodings of the types
+//! below (and of the `tenure-core` types they embed), field by field in declaration order:
+//! integers are varints (zigzag for signed), strings and vectors are a varint length followed by
+//! the bytes or items, `Option` is a 0/1 byte then the value, an enum is a varint variant index
+//! (declaration order, from 0) then the variant's fields. A client in another language needs
+//! only those rules and the type definitions here and in `tenure-core::command`.
+//!
+//! A connection starts unauthenticated. When the node requires authentication, the first request
+//! on it must be [`RequestBody::Authenticate`] with a bearer token; the token binds the connection
+//! to a tenant. Every request then acts for that tenant only (`FORBIDDEN` otherwise).
+//!
+//! Bad input: a frame longer than the maximum, or a body that does not decode, closes the stream
+//! with the reason (the connection stays usable); a request that decodes but is invalid gets an
+//! error response with code `INVALID_ARGUMENT`.
+//!
+//! Must not depend on: tokio, quinn or any I/O; this module only turns values into bytes and back.
+
+use serde::{Deserialize, Serialize};
+use tenure_core::{
+    AcquireRequest, ErrorCode, LeaseError, LeaseOp, LeaseReply, LeaseView, ListPage, ListRequest,
+    ReleaseRequest, RenewRequest, ResourceKey,
+};
+
+use crate::peer::ProtoError;
+
+/// ALPN protocol identifier of the native client protocol.
+pub const CLIENT_ALPN: &[u8] = b"tenure-client/1";
+
+/// Version of this protocol; bumped on any incompatible change of the types below.
+pub const CLIENT_PROTOCOL_VERSION: u16 = 1;
+
+/// Largest frame body accepted in either direction (4 MiB).
+pub const CLIENT_FRAME_BYTES_MAX: usize = 4 << 20;
+
+/// Most requests one [`RequestFrame`] may carry.
+pub const REQUESTS_PER_FRAME_MAX: usize = 4_096;
+
+/// Most operations one [`RequestBody::Batch`] may carry (the groups' `batch_items_max` may be
+/// lower; it is enforced by the group).
+pub const BATCH_OPS_MAX: usize = 4_096;
+
+/// Longest bearer token accepted, in bytes.
+pub const TOKEN_BYTES_MAX: usize = 4_096;
+
+/// Requests sent together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestFrame {
+    /// The requests, each answered separately.
+    pub requests: Vec<Request>,
+}
+
+/// Responses sent together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseFrame {
+    /// The responses, in completion order.
+    pub responses: Vec<Response>,
+}
+
+/// One request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Chosen by the client; echoed in the response.
+    pub id: u64,
+    /// How long the client will wait, in milliseconds; 0 means the node's default.
+    pub timeout_ms: u32,
+    /// Routing and read options.
+    pub flags: RequestFlags,
+    /// The principal a forwarding node acts for. Ignored (refused with `FORBIDDEN`) unless the
+    /// connection is a forwarding node's or the node runs in insecure development mode.
+    pub principal: Option<Principal>,
+    /// What to do.
+    pub body: RequestBody,
+}
+
+/// Routing and read options of a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestFlags {
+    /// When this node does not lead the key's group, forward the request to the leader instead of
+    /// answering `NOT_LEADER`.
+    pub forward: bool,
+    /// For Get and List: answer from this node's replica even if it is not the leader (the
+    /// answer may be stale; [`GetResult::stale`] says so).
+    pub stale_read: bool,
+}
+
+/// Who a request acts for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    /// The principal's name (for logs and metrics).
+    pub principal_id: String,
+    /// The only tenant it may touch.
+    pub tenant_id: String,
+}
+
+/// What a request asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RequestBody {
+    /// Bind this connection to the tenant of a bearer token.
+    Authenticate {
+        /// The bearer token.
+        token: String,
+    },
+    /// The placement map, the group leaders and the node addresses.
+    Routing,
+    /// Acquire a lease.
+    Acquire(AcquireRequest),
+    /// Renew a lease.
+    Renew(RenewRequest),
+    /// Release a lease.
+    Release(ReleaseRequest),
+    /// Read a resource's lease.
+    Get {
+        /// The resource.
+        key: ResourceKey,
+    },
+    /// List a tenant's leases in one group.
+    List {
+        /// The group to list (a tenant's leases are spread over all groups).
+        group_id: u32,
+        /// The query.
+        request: ListRequest,
+    },
+    /// Several lease operations on resources of one group, applied in order in one log entry.
+    Batch {
+        /// The operations; all keys must map to the same group.
+        ops: Vec<LeaseOp>,
+    },
+}
+
+impl RequestBody {
+    /// Short name for metrics and logs.
+    pub fn op_name(&self) -> &'static str {
+        match self {
+            RequestBody::Authenticate { .. } => "authenticate",
+            RequestBody::Routing => "routing",
+            RequestBody::Acquire(_) => "acquire",
+            RequestBody::Renew(_) => "renew",
+            RequestBody::Release(_) => "release",
+            RequestBody::Get { .. } => "get",
+            RequestBody::List { .. } => "list",
+            RequestBody::Batch { .. } => "batch",
+        }
+    }
+}
+
+/// One response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// The request's id.
+    pub id: u64,
+    /// The outcome.
+    pub result: Result<ResponseBody, WireError>,
+}
+
+/// A successful response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResponseBody {
+    /// The connection now acts for this principal.
+    Authenticated(Principal),
+    /// Routing information.
+    Routing(RoutingTable),
+    /// Acquire, Renew or Release succeeded.
+    Lease(LeaseResult),
+    /// Get's answer.
+    Get(GetResult),
+    /// List's answer.
+    List(ListPage),
+    /// One result per batch item, in order.
+    Batch(Vec<Result<LeaseResult, WireError>>),
+}
+
+/// A successful Acquire, Renew or Release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseResult {
+    /// What the group decided.
+    pub reply: LeaseReply,
+    /// True when the request id had been seen and this is the original outcome.
+    pub replayed: bool,
+    /// The group that decided it.
+    pub group_id: u32,
+}
+
+/// Get's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetResult {
+    /// The lease record, or `None` when the resource has none (status ABSENT).
+    pub view: Option<LeaseView>,
+    /// The group's log time the answer was computed at.
+    pub log_time_ms: u64,
+    /// True when answered from a replica that was not the leader ([`RequestFlags::stale_read`]).
+    pub stale: bool,
+    /// The group.
+    pub group_id: u32,
+}
+
+/// Where everything is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutingTable {
+    /// Version of the placement map.
+    pub placement_version: u64,
+    /// Group of each placement slot. `slots.len()` is a power of two `2^b`; a key's slot is the
+    /// top `b` bits of `tenure_core::key_hash(tenant_id, resource_id)` (XXH3-64 of the tenant id's
+    /// length as u32 LE, the tenant id and the resource id).
+    pub slot_groups: Vec<u32>,
+    /// Number of groups.
+    pub groups: u32,
+    /// The cluster's nodes.
+    pub nodes: Vec<NodeAddress>,
+    /// The leader of each group as this node sees it, indexed by group id.
+    pub leaders: Vec<GroupLeader>,
+}
+
+/// Addresses of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAddress {
+    /// Node id.
+    pub node_id: u64,
+    /// Its QUIC endpoint (`host:port`).
+    pub client_addr: String,
+    /// Its HTTP gateway (`http://host:port`).
+    pub http_url: String,
+}
+
+/// Leadership of one group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupLeader {
+    /// The group.
+    pub group_id: u32,
+    /// Its leader, if known.
+    pub leader: Option<u64>,
+    /// The Raft term that leader was seen in.
+    pub term: u64,
+}
+
+/// An error answer: the contract's error shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireError {
+    /// The contract's code.
+    pub code: ErrorCode,
+    /// A message for humans.
+    pub message: String,
+    /// Whether retrying (the same request id) may succeed.
+    pub retryable: bool,
+    /// For routing errors: the node believed to lead the group.
+    pub leader_hint: Option<NodeAddress>,
+    /// The placement version the node used.
+    pub placement_version: u64,
+    /// For `RATE_LIMITED` and `OVERLOADED`: when to retry, in milliseconds.
+    pub retry_after_ms: Option<u32>,
+    /// The state machine's error, when it decided (carries e.g. the current holder for
+    /// `ALREADY_HELD`).
+    pub lease_error: Option<LeaseError>,
+}
+
+impl WireError {
+    /// An error with a code and message, nothing else.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        WireError {
+            code,
+            message: message.into(),
+            retryable: code.retryable(),
+            leader_hint: None,
+            placement_version: 0,
+            retry_after_ms: None,
+            lease_error: None,
+        }
+    }
+
+    /// The state machine's decision as a wire error.
+    pub fn from_lease_error(error: LeaseError) -> Self {
+        let mut wire = WireError::new(error.code(), error.to_string());
+        wire.lease_error = Some(error);
+        wire
+    }
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for WireError {}
+
+/// Encodes a frame (length prefix included).
+pub fn encode_client_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, ProtoError> {
+    let mut out = vec![0u8; 4];
+    let body = postcard::to_extend(value, Vec::new()).map_err(|error| ProtoError::Payload {
+        what: std::any::type_name::<T>(),
+        reason: error.to_string(),
+    })?;
+    if body.is_empty() || body.len() > CLIENT_FRAME_BYTES_MAX {
+        return Err(ProtoError::FrameTooLarge {
+            length: body.len(),
+            max: CLIENT_FRAME_BYTES_MAX,
+        });
+    }
+    let length = u32::try_from(body.len()).map_err(|_| ProtoError::FrameTooLarge {
+        length: body.len(),
+        max: CLIENT_FRAME_BYTES_MAX,
+    })?;
+    out[..4].copy_from_slice(&length.to_le_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Decodes a request frame body (after its length prefix), checking the frame's bounds.
+pub fn decode_request_frame(body: &[u8]) -> Result<RequestFrame, ProtoError> {
+    let frame: RequestFrame = crate::peer::decode_payload(body, "RequestFrame")?;
+    if frame.requests.len() > REQUESTS_PER_FRAME_MAX {
+        return Err(ProtoError::Payload {
+            what: "RequestFrame",
+            reason: format!(
+                "{} requests exceed the maximum of {REQUESTS_PER_FRAME_MAX}",
+                frame.requests.len()
+            ),
+        });
+    }
+    Ok(frame)
+}
+
+/// Decodes a response frame body (after its length prefix).
+pub fn decode_response_frame(body: &[u8]) -> Result<ResponseFrame, ProtoError> {
+    crate::peer::decode_payload(body, "ResponseFrame")
+}

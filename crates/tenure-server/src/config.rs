@@ -1,0 +1,1154 @@
+//! The node's configuration file (TOML): every option, its default and its validation.
+//!
+//! [`load`] reads a file, [`parse`] reads text; both reject unknown fields, resolve nothing
+//! implicitly from the environment, and return only configurations that passed
+//! [`ServerConfig::validate`]. Every error names the file, the position (for syntax and type
+//! errors) and the field. `ops/config/tenure.example.toml` lists every option with its default.
+//!
+//! Must not depend on: the running node (this module only parses and checks), the environment
+//! or the command line.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tenure_transport::GroupTiming;
+
+/// Largest number of groups a cluster may have.
+pub const GROUPS_MAX: u32 = 65_536;
+/// Largest `limits.ops_per_entry_max`.
+pub const OPS_PER_ENTRY_CEILING: u32 = 4_096;
+/// Largest magnitude of `testing.clock_rate_ppm` (10%).
+pub const CLOCK_RATE_PPM_BOUND: i64 = 100_000;
+/// Largest magnitude of `testing.clock_offset_ms` (one year).
+pub const CLOCK_OFFSET_MS_BOUND: i64 = 365 * 24 * 60 * 60 * 1_000;
+/// Shortest `timing.heartbeat_ms`.
+pub const HEARTBEAT_MS_MIN: u64 = 10;
+/// Longest cluster name, in bytes (it goes into the CA certificate).
+pub const CLUSTER_NAME_BYTES_MAX: usize = 64;
+
+/// The whole configuration of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// This node's id (>= 1); must be a key of `peers`. Required.
+    pub node_id: u64,
+    /// Cluster name; nodes of different clusters refuse each other, and a data directory
+    /// remembers the cluster it belongs to. 1 to 64 bytes, no control characters. Default
+    /// `tenure`.
+    #[serde(default = "defaults::cluster_name")]
+    pub cluster_name: String,
+    /// Where this node keeps its data (RocksDB, node identity, snapshot spool). Required. A
+    /// relative path is resolved against the configuration file's directory.
+    pub data_dir: PathBuf,
+    /// Every member of the cluster, this node included: id -> addresses. Required, non-empty,
+    /// ids >= 1, every address distinct. In TOML: one `[peers.ID]` table per member.
+    pub peers: BTreeMap<u64, PeerConfig>,
+    /// Number of Raft groups (fixed when the cluster is created), 1 to 65,536. Default 64.
+    #[serde(default = "defaults::groups")]
+    pub groups: u32,
+    /// Replicas per group, 1 to the number of peers. Default 3.
+    ///
+    /// A group stays available while a majority of its replicas is up, so 3 replicas tolerate one
+    /// failure and 5 tolerate two; an even factor tolerates no more failures than the odd factor
+    /// below it (4 tolerate one, like 3) while costing one more copy.
+    #[serde(default = "defaults::replication_factor")]
+    pub replication_factor: u32,
+    /// TLS files. Required.
+    pub tls: TlsConfig,
+    /// Raft timing. Every field has a default.
+    #[serde(default)]
+    pub timing: TimingConfig,
+    /// Lease and request limits. Every field has a default.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Authentication. Default: no tokens, insecure development mode off (every client request
+    /// is refused until tokens are configured).
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Storage. Every field has a default.
+    #[serde(default)]
+    pub storage: StorageConfig,
+    /// Fault injection for tests (never set in production). Default: none.
+    #[serde(default)]
+    pub testing: TestingConfig,
+}
+
+/// One member's addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// The QUIC endpoint (UDP; peer and client protocol share it), e.g. `127.0.0.1:7401`.
+    /// Required. This node binds its own entry's address.
+    pub addr: SocketAddr,
+    /// The HTTP gateway (TCP), e.g. `127.0.0.1:7501`. Required. This node binds its own entry's
+    /// address.
+    pub http_addr: SocketAddr,
+}
+
+/// TLS files (PEM), as written by `tenure certs`. Relative paths are resolved against the
+/// configuration file's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The cluster CA certificate (`ca.pem`). Required.
+    pub ca_cert: PathBuf,
+    /// This node's certificate (`node-ID.pem`). Required.
+    pub node_cert: PathBuf,
+    /// This node's private key (`node-ID.key`). Required.
+    pub node_key: PathBuf,
+}
+
+/// Raft timing (see `tenure_transport::GroupTiming`, built by [`ServerConfig::timing`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimingConfig {
+    /// Node-wide heartbeat period, in milliseconds; at least 10 and at most half of
+    /// `election_timeout_min_ms`. Default 400.
+    pub heartbeat_ms: u64,
+    /// Election timeout lower bound, in milliseconds. Default 1000.
+    pub election_timeout_min_ms: u64,
+    /// Election timeout upper bound, in milliseconds; greater than the lower bound. Default 1500.
+    pub election_timeout_max_ms: u64,
+    /// How often leaders look for expired leases to reclaim, in milliseconds. Default 50.
+    pub expire_interval_ms: u64,
+    /// Leases one Expire command reclaims at most. Default 1024.
+    pub expire_batch_max: u32,
+    /// Expire commands a group proposes per second at most. Default 20.
+    pub expire_commands_per_s_max: u32,
+    /// Snapshot a group after this many applied entries. Default 10000.
+    pub snapshot_every_entries: u64,
+    /// How often leadership balance is checked, in milliseconds (0 = never). Default 5000.
+    pub rebalance_interval_ms: u64,
+}
+
+impl Default for TimingConfig {
+    fn default() -> Self {
+        TimingConfig {
+            heartbeat_ms: 400,
+            election_timeout_min_ms: 1_000,
+            election_timeout_max_ms: 1_500,
+            expire_interval_ms: 50,
+            expire_batch_max: 1_024,
+            expire_commands_per_s_max: 20,
+            snapshot_every_entries: 10_000,
+            rebalance_interval_ms: 5_000,
+        }
+    }
+}
+
+/// Lease and request limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Shortest ttl, in milliseconds; 0 = 1.5 x `timing.election_timeout_max_ms` (the contract's
+    /// default, so a holder can renew across a failover; see
+    /// [`ServerConfig::effective_ttl_ms_min`]). Default 0.
+    pub ttl_ms_min: u64,
+    /// Longest ttl, in milliseconds; at most `tenure_core::TTL_MS_CEILING`. Default 3,600,000
+    /// (1 hour).
+    pub ttl_ms_max: u64,
+    /// Requests in flight on this node at most (beyond: OVERLOADED). Default 65,536.
+    pub inflight_requests_max: u32,
+    /// Requests in flight per tenant at most (beyond: RATE_LIMITED). Default 16,384.
+    pub tenant_inflight_requests_max: u32,
+    /// Share of `inflight_requests_max` that new acquires may use, in percent (1 to 100);
+    /// renewals, releases and reads may use all of it (renewals are admitted ahead of acquires).
+    /// Default 75.
+    pub acquire_inflight_percent: u32,
+    /// Lease operations proposed in one log entry at most (1 to 4096). Default 256.
+    pub ops_per_entry_max: u32,
+    /// Proposals in flight per group at most. Default 8.
+    pub proposals_inflight_per_group_max: u32,
+    /// Pending operations queued per group at most (beyond: OVERLOADED). Default 16,384.
+    pub group_queue_ops_max: u32,
+    /// Default request timeout, in milliseconds. Default 5,000.
+    pub request_timeout_ms: u64,
+    /// Largest HTTP request body, in bytes. Default 65,536.
+    pub http_body_bytes_max: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            ttl_ms_min: 0,
+            ttl_ms_max: 3_600_000,
+            inflight_requests_max: 65_536,
+            tenant_inflight_requests_max: 16_384,
+            acquire_inflight_percent: 75,
+            ops_per_entry_max: 256,
+            proposals_inflight_per_group_max: 8,
+            group_queue_ops_max: 16_384,
+            request_timeout_ms: 5_000,
+            http_body_bytes_max: 65_536,
+        }
+    }
+}
+
+/// Authentication.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Development only: accept the Tenure principal headers (HTTP) and request principals (QUIC)
+    /// without authentication. `tenure dev` sets it and logs loudly. Default false.
+    pub insecure_dev_mode: bool,
+    /// Bearer tokens, stored as SHA-256 hashes (`tenure hash-token TOKEN` prints one). In TOML:
+    /// one `[[auth.tokens]]` table per token. Default none.
+    pub tokens: Vec<TokenConfig>,
+}
+
+/// One bearer token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// Hex SHA-256 of the token (64 hex digits, as `tenure hash-token` prints). Required.
+    pub sha256: String,
+    /// The principal it authenticates. Required, non-empty.
+    pub principal_id: String,
+    /// The only tenant it may touch. Required, non-empty.
+    pub tenant_id: String,
+}
+
+/// Storage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Sync the WAL before acknowledging (never turn off in production). Default true.
+    pub fsync: bool,
+    /// RocksDB block cache, in bytes. Default 64 MiB (67,108,864).
+    pub block_cache_bytes: usize,
+    /// RocksDB write buffer, in bytes. Default 32 MiB (33,554,432).
+    pub write_buffer_bytes: usize,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            fsync: true,
+            block_cache_bytes: 64 << 20,
+            write_buffer_bytes: 32 << 20,
+        }
+    }
+}
+
+/// Fault injection used by tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TestingConfig {
+    /// Monotonic clock rate error in parts per million (e.g. 5000 = runs 0.5% fast; negative =
+    /// slow), within +-100,000. Default 0.
+    pub clock_rate_ppm: i64,
+    /// Offset added to this node's monotonic clock readings, in milliseconds, within +- one
+    /// year. Default 0.
+    pub clock_offset_ms: i64,
+}
+
+mod defaults {
+    pub fn cluster_name() -> String {
+        "tenure".to_string()
+    }
+    pub fn groups() -> u32 {
+        64
+    }
+    pub fn replication_factor() -> u32 {
+        3
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read the configuration file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The text is not TOML, or does not fit the configuration's shape (unknown or missing
+    /// field, wrong type, unparsable address).
+    #[error(
+        "{origin}:{line}:{column}: {}{message}\n{line:>5} | {line_text}",
+        field.as_ref().map(|f| format!("field `{f}`: ")).unwrap_or_default()
+    )]
+    Syntax {
+        /// The file (or another description of where the text came from).
+        origin: String,
+        /// 1-based line of the problem.
+        line: usize,
+        /// 1-based column of the problem (in characters).
+        column: usize,
+        /// The field concerned, as a dotted path, when it can be told.
+        field: Option<String>,
+        /// toml's description of the problem.
+        message: String,
+        /// The text of the line.
+        line_text: String,
+    },
+    /// A field has a value the node cannot run with.
+    #[error("{origin}: invalid `{field}`: {reason}")]
+    Invalid {
+        /// The file, or `configuration` when the configuration did not come from a file.
+        origin: String,
+        /// The field, as a dotted path (e.g. `timing.heartbeat_ms`, `auth.tokens[2].sha256`).
+        field: String,
+        /// What is wrong and what is expected.
+        reason: String,
+    },
+    /// The configuration cannot be written as TOML.
+    #[error("cannot write the configuration as TOML: {0}")]
+    Serialize(String),
+}
+
+impl ConfigError {
+    fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            origin: "configuration".to_owned(),
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    fn with_origin(self, new_origin: &str) -> Self {
+        match self {
+            ConfigError::Invalid { field, reason, .. } => ConfigError::Invalid {
+                origin: new_origin.to_owned(),
+                field,
+                reason,
+            },
+            other => other,
+        }
+    }
+
+    /// The field concerned, when there is one.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ConfigError::Syntax { field, .. } => field.as_deref(),
+            ConfigError::Invalid { field, .. } => Some(field),
+            ConfigError::Read { .. } | ConfigError::Serialize(_) => None,
+        }
+    }
+}
+
+impl From<ConfigError> for crate::ServerError {
+    fn from(error: ConfigError) -> Self {
+        crate::ServerError::Config(error.to_string())
+    }
+}
+
+/// Reads, checks and returns the configuration in `path`.
+///
+/// Relative paths in the file (`data_dir`, `tls.*`) are resolved against the file's directory,
+/// so a configuration works from any working directory.
+pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let origin = path.display().to_string();
+    let mut config = parse_unchecked(&text, &origin)?;
+    let absolute = std::path::absolute(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let base = absolute.parent().unwrap_or(Path::new("/"));
+    config.resolve_paths(base);
+    config.validate().map_err(|e| e.with_origin(&origin))?;
+    Ok(config)
+}
+
+/// Parses and checks a configuration from TOML text. `origin` names the text in errors (usually
+/// the file name). Relative paths stay relative (to the working directory); [`load`] resolves
+/// them against the file's directory instead.
+pub fn parse(text: &str, origin: &str) -> Result<ServerConfig, ConfigError> {
+    let config = parse_unchecked(text, origin)?;
+    config.validate().map_err(|e| e.with_origin(origin))?;
+    Ok(config)
+}
+
+fn parse_unchecked(text: &str, origin: &str) -> Result<ServerConfig, ConfigError> {
+    toml::from_str::<ServerConfig>(text).map_err(|error| syntax_error(text, origin, &error))
+}
+
+/// Turns toml's error into one naming the file, the line, the column and (when it can be told
+/// from the text) the field.
+fn syntax_error(text: &str, origin: &str, error: &toml::de::Error) -> ConfigError {
+    let offset = error.span().map_or(0, |span| span.start).min(text.len());
+    let offset = (0..=offset)
+        .rev()
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0);
+    let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line_index = text[..line_start].matches('\n').count();
+    let column = text[line_start..offset].chars().count() + 1;
+    let line_text = text[line_start..]
+        .split('\n')
+        .next()
+        .unwrap_or("")
+        .trim_end_matches('\r')
+        .to_owned();
+    let message = error.message().to_owned();
+    // toml gives a missing field of the root table an empty span at 0, of another table the
+    // span of its header (or of its inline value).
+    let at_root = error
+        .span()
+        .is_none_or(|span| span.start == 0 && span.is_empty());
+    let field = field_at(text, line_index, &message, at_root);
+    ConfigError::Syntax {
+        origin: origin.to_owned(),
+        line: line_index + 1,
+        column,
+        field,
+        message,
+        line_text,
+    }
+}
+
+/// The dotted path of the field on line `line_index` (0-based): the enclosing `[table]` header
+/// plus the key of a `key = value` line. For "missing field" errors, the missing name under the
+/// table the error points at (the root table when `at_root`).
+fn field_at(text: &str, line_index: usize, message: &str, at_root: bool) -> Option<String> {
+    let mut table: Option<String> = None;
+    let mut here: Option<&str> = None;
+    for (index, line) in text.split('\n').enumerate() {
+        let trimmed = line.trim();
+        if let Some(header) = table_header(trimmed) {
+            table = Some(header);
+        }
+        if index == line_index {
+            here = Some(trimmed);
+            break;
+        }
+    }
+    let here = here?;
+    let join = |table: &Option<String>, key: &str| match table {
+        Some(table) => format!("{table}.{key}"),
+        None => key.to_owned(),
+    };
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split('`').next());
+    if let Some(missing) = missing {
+        if at_root {
+            return Some(missing.to_owned());
+        }
+        if let Some(header) = table_header(here) {
+            return Some(format!("{header}.{missing}"));
+        }
+        // An inline table: `key = { ... }`.
+        return Some(match line_key(here) {
+            Some(key) => format!("{}.{missing}", join(&table, &key)),
+            None => join(&table, missing),
+        });
+    }
+    if let Some(header) = table_header(here) {
+        return Some(header);
+    }
+    line_key(here).map(|key| join(&table, &key))
+}
+
+/// The (dotted) key of a `key = value` line.
+fn line_key(line: &str) -> Option<String> {
+    if line.starts_with('#') {
+        return None;
+    }
+    let (key, _) = line.split_once('=')?;
+    let key: String = key
+        .split('.')
+        .map(|part| part.trim().trim_matches('"').trim_matches('\''))
+        .collect::<Vec<_>>()
+        .join(".");
+    if key.is_empty() { None } else { Some(key) }
+}
+
+/// `peers.1` for `[peers.1]`, `auth.tokens` for `[[auth.tokens]]`, nothing for other lines.
+fn table_header(line: &str) -> Option<String> {
+    let inner = line.strip_prefix('[')?;
+    let inner = inner.strip_prefix('[').unwrap_or(inner);
+    let end = inner.find(']')?;
+    let name: Vec<&str> = inner[..end]
+        .split('.')
+        .map(|part| part.trim().trim_matches('"').trim_matches('\''))
+        .collect();
+    Some(name.join("."))
+}
+
+fn resolve(base: &Path, path: &mut PathBuf) {
+    if path.is_relative() && !path.as_os_str().is_empty() {
+        *path = base.join(&*path);
+    }
+}
+
+impl ServerConfig {
+    /// A configuration with every default, for node `node_id` of `peers`, keeping its data in
+    /// `data_dir` and reading the TLS files `tenure certs` writes into `certs_dir`.
+    pub fn with_defaults(
+        node_id: u64,
+        data_dir: PathBuf,
+        peers: BTreeMap<u64, PeerConfig>,
+        certs_dir: &Path,
+    ) -> Self {
+        let replication_factor = u32::try_from(peers.len())
+            .unwrap_or(u32::MAX)
+            .min(defaults::replication_factor());
+        ServerConfig {
+            node_id,
+            cluster_name: defaults::cluster_name(),
+            data_dir,
+            peers,
+            groups: defaults::groups(),
+            replication_factor,
+            tls: TlsConfig {
+                ca_cert: certs_dir.join(tenure_transport::tls::CA_CERT_FILE),
+                node_cert: certs_dir.join(tenure_transport::tls::node_cert_file_name(node_id)),
+                node_key: certs_dir.join(tenure_transport::tls::node_key_file_name(node_id)),
+            },
+            timing: TimingConfig::default(),
+            limits: LimitsConfig::default(),
+            auth: AuthConfig::default(),
+            storage: StorageConfig::default(),
+            testing: TestingConfig::default(),
+        }
+    }
+
+    /// Resolves the relative paths of the configuration (`data_dir`, `tls.*`) against `base`.
+    pub fn resolve_paths(&mut self, base: &Path) {
+        resolve(base, &mut self.data_dir);
+        resolve(base, &mut self.tls.ca_cert);
+        resolve(base, &mut self.tls.node_cert);
+        resolve(base, &mut self.tls.node_key);
+    }
+
+    /// This node's own entry of `peers` (present in a validated configuration).
+    pub fn own_peer(&self) -> Option<&PeerConfig> {
+        self.peers.get(&self.node_id)
+    }
+
+    /// The shortest ttl granted: `limits.ttl_ms_min`, or when that is 0, 1.5 x
+    /// `timing.election_timeout_max_ms` (rounded up), as the lease contract's default.
+    pub fn effective_ttl_ms_min(&self) -> u64 {
+        if self.limits.ttl_ms_min == 0 {
+            self.timing
+                .election_timeout_max_ms
+                .saturating_mul(3)
+                .div_ceil(2)
+        } else {
+            self.limits.ttl_ms_min
+        }
+    }
+
+    /// The transport's group timing for this configuration.
+    ///
+    /// Heartbeat period and election timeouts come from `timing`; the other fields keep
+    /// [`GroupTiming::default`]'s values. When the election timeouts are shorter than the
+    /// defaults (test clusters with fast failover), the openraft tick and the heartbeat
+    /// suppression interval are scaled down in proportion, so openraft's own timing check
+    /// (`tick * 64 / 13 + heartbeat_min_interval + tick < election_timeout_min`) still holds.
+    pub fn timing(&self) -> GroupTiming {
+        let defaults = GroupTiming::default();
+        let mut timing = GroupTiming {
+            heartbeat_interval_ms: self.timing.heartbeat_ms,
+            election_timeout_min_ms: self.timing.election_timeout_min_ms,
+            election_timeout_max_ms: self.timing.election_timeout_max_ms,
+            ..defaults
+        };
+        let min = self.timing.election_timeout_min_ms;
+        if min < defaults.election_timeout_min_ms && timing.openraft_config().is_err() {
+            let scale = |value: u64| {
+                (u128::from(value) * u128::from(min)
+                    / u128::from(defaults.election_timeout_min_ms.max(1)))
+                .max(1)
+            };
+            timing.tick_interval_ms = u64::try_from(scale(defaults.tick_interval_ms)).unwrap_or(1);
+            timing.heartbeat_min_interval_ms =
+                u64::try_from(scale(defaults.heartbeat_min_interval_ms)).unwrap_or(1);
+            while timing.tick_interval_ms > 1 && timing.openraft_config().is_err() {
+                timing.tick_interval_ms -= 1;
+            }
+        }
+        timing
+    }
+
+    /// Checks that the node can run with this configuration. The error names the first field
+    /// found wrong.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_membership()?;
+        self.validate_timing()?;
+        self.validate_limits()?;
+        self.validate_auth()?;
+        self.validate_storage_and_testing()?;
+        Ok(())
+    }
+
+    fn validate_membership(&self) -> Result<(), ConfigError> {
+        let name = &self.cluster_name;
+        if name.is_empty() || name.len() > CLUSTER_NAME_BYTES_MAX {
+            return Err(ConfigError::invalid(
+                "cluster_name",
+                format!(
+                    "must be 1 to {CLUSTER_NAME_BYTES_MAX} bytes, got {}",
+                    name.len()
+                ),
+            ));
+        }
+        if name.chars().any(char::is_control) {
+            return Err(ConfigError::invalid(
+                "cluster_name",
+                "must not contain control characters",
+            ));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("data_dir", "must not be empty"));
+        }
+        if self.peers.is_empty() {
+            return Err(ConfigError::invalid(
+                "peers",
+                "must list every member of the cluster, this node included",
+            ));
+        }
+        if self.peers.contains_key(&0) {
+            return Err(ConfigError::invalid(
+                "peers.0",
+                "node ids start at 1 (0 is not a node id)",
+            ));
+        }
+        if self.node_id == 0 {
+            return Err(ConfigError::invalid(
+                "node_id",
+                "must be at least 1 (0 is not a node id)",
+            ));
+        }
+        if !self.peers.contains_key(&self.node_id) {
+            let ids: Vec<String> = self.peers.keys().map(u64::to_string).collect();
+            return Err(ConfigError::invalid(
+                "node_id",
+                format!(
+                    "node {} is not in peers (members: {}); add [peers.{}] or fix node_id",
+                    self.node_id,
+                    ids.join(", "),
+                    self.node_id
+                ),
+            ));
+        }
+        let mut quic = BTreeMap::new();
+        let mut http = BTreeMap::new();
+        for (id, peer) in &self.peers {
+            if let Some(other) = quic.insert(peer.addr, *id) {
+                return Err(ConfigError::invalid(
+                    format!("peers.{id}.addr"),
+                    format!("{} is also the address of node {other}", peer.addr),
+                ));
+            }
+            if let Some(other) = http.insert(peer.http_addr, *id) {
+                return Err(ConfigError::invalid(
+                    format!("peers.{id}.http_addr"),
+                    format!(
+                        "{} is also the HTTP address of node {other}",
+                        peer.http_addr
+                    ),
+                ));
+            }
+            for (field, addr) in [("addr", peer.addr), ("http_addr", peer.http_addr)] {
+                if addr.port() == 0 {
+                    return Err(ConfigError::invalid(
+                        format!("peers.{id}.{field}"),
+                        format!("{addr} has port 0; every member needs a fixed port"),
+                    ));
+                }
+            }
+        }
+        if self.groups == 0 || self.groups > GROUPS_MAX {
+            return Err(ConfigError::invalid(
+                "groups",
+                format!("must be within 1..={GROUPS_MAX}, got {}", self.groups),
+            ));
+        }
+        let members = self.peers.len();
+        if self.replication_factor == 0
+            || usize::try_from(self.replication_factor).map_or(true, |rf| rf > members)
+        {
+            return Err(ConfigError::invalid(
+                "replication_factor",
+                format!(
+                    "must be within 1..={members} (the number of peers), got {}",
+                    self.replication_factor
+                ),
+            ));
+        }
+        for (field, path) in [
+            ("tls.ca_cert", &self.tls.ca_cert),
+            ("tls.node_cert", &self.tls.node_cert),
+            ("tls.node_key", &self.tls.node_key),
+        ] {
+            if path.as_os_str().is_empty() {
+                return Err(ConfigError::invalid(field, "must not be empty"));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_timing(&self) -> Result<(), ConfigError> {
+        let t = &self.timing;
+        if t.heartbeat_ms < HEARTBEAT_MS_MIN {
+            return Err(ConfigError::invalid(
+                "timing.heartbeat_ms",
+                format!(
+                    "must be at least {HEARTBEAT_MS_MIN}, got {}",
+                    t.heartbeat_ms
+                ),
+            ));
+        }
+        if t.election_timeout_min_ms >= t.election_timeout_max_ms {
+            return Err(ConfigError::invalid(
+                "timing.election_timeout_min_ms",
+                format!(
+                    "must be less than timing.election_timeout_max_ms ({} >= {})",
+                    t.election_timeout_min_ms, t.election_timeout_max_ms
+                ),
+            ));
+        }
+        if t.heartbeat_ms.saturating_mul(2) > t.election_timeout_min_ms {
+            return Err(ConfigError::invalid(
+                "timing.heartbeat_ms",
+                format!(
+                    "must be at most half of timing.election_timeout_min_ms ({}), so a follower \
+                     hears at least two heartbeats before it may start an election; got {}",
+                    t.election_timeout_min_ms, t.heartbeat_ms
+                ),
+            ));
+        }
+        if let Err(error) = self.timing().openraft_config() {
+            return Err(ConfigError::invalid(
+                "timing.election_timeout_min_ms",
+                format!("rejected by openraft: {error}"),
+            ));
+        }
+        positive_u64("timing.expire_interval_ms", t.expire_interval_ms)?;
+        positive_u32("timing.expire_batch_max", t.expire_batch_max)?;
+        positive_u32(
+            "timing.expire_commands_per_s_max",
+            t.expire_commands_per_s_max,
+        )?;
+        positive_u64("timing.snapshot_every_entries", t.snapshot_every_entries)?;
+        Ok(())
+    }
+
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        let l = &self.limits;
+        if l.ttl_ms_max == 0 || l.ttl_ms_max > tenure_core::TTL_MS_CEILING {
+            return Err(ConfigError::invalid(
+                "limits.ttl_ms_max",
+                format!(
+                    "must be within 1..={}, got {}",
+                    tenure_core::TTL_MS_CEILING,
+                    l.ttl_ms_max
+                ),
+            ));
+        }
+        let ttl_min = self.effective_ttl_ms_min();
+        if ttl_min > l.ttl_ms_max {
+            let derived = if l.ttl_ms_min == 0 {
+                " (derived: 1.5 x timing.election_timeout_max_ms)"
+            } else {
+                ""
+            };
+            return Err(ConfigError::invalid(
+                "limits.ttl_ms_min",
+                format!(
+                    "{ttl_min}{derived} exceeds limits.ttl_ms_max ({})",
+                    l.ttl_ms_max
+                ),
+            ));
+        }
+        positive_u32("limits.inflight_requests_max", l.inflight_requests_max)?;
+        positive_u32(
+            "limits.tenant_inflight_requests_max",
+            l.tenant_inflight_requests_max,
+        )?;
+        if l.acquire_inflight_percent == 0 || l.acquire_inflight_percent > 100 {
+            return Err(ConfigError::invalid(
+                "limits.acquire_inflight_percent",
+                format!("must be within 1..=100, got {}", l.acquire_inflight_percent),
+            ));
+        }
+        if l.ops_per_entry_max == 0 || l.ops_per_entry_max > OPS_PER_ENTRY_CEILING {
+            return Err(ConfigError::invalid(
+                "limits.ops_per_entry_max",
+                format!(
+                    "must be within 1..={OPS_PER_ENTRY_CEILING}, got {}",
+                    l.ops_per_entry_max
+                ),
+            ));
+        }
+        positive_u32(
+            "limits.proposals_inflight_per_group_max",
+            l.proposals_inflight_per_group_max,
+        )?;
+        positive_u32("limits.group_queue_ops_max", l.group_queue_ops_max)?;
+        positive_u64("limits.request_timeout_ms", l.request_timeout_ms)?;
+        positive_u64(
+            "limits.http_body_bytes_max",
+            u64::try_from(l.http_body_bytes_max).unwrap_or(u64::MAX),
+        )?;
+        Ok(())
+    }
+
+    fn validate_auth(&self) -> Result<(), ConfigError> {
+        let mut seen = BTreeSet::new();
+        for (index, token) in self.auth.tokens.iter().enumerate() {
+            let field = |name: &str| format!("auth.tokens[{index}].{name}");
+            let hash = token.sha256.trim();
+            if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(ConfigError::invalid(
+                    field("sha256"),
+                    format!(
+                        "expected 64 hex digits (the SHA-256 of the token, as `tenure hash-token \
+                         TOKEN` prints), got {} characters",
+                        hash.len()
+                    ),
+                ));
+            }
+            if !seen.insert(hash.to_ascii_lowercase()) {
+                return Err(ConfigError::invalid(
+                    field("sha256"),
+                    "the same token hash appears twice",
+                ));
+            }
+            if token.principal_id.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    field("principal_id"),
+                    "must not be empty",
+                ));
+            }
+            if token.tenant_id.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    field("tenant_id"),
+                    "must not be empty",
+                ));
+            }
+        }
+        // The table the node builds; any check it makes beyond the ones above is reported too.
+        crate::auth::Authenticator::new(&self.auth).map_err(|error| {
+            ConfigError::invalid(format!("auth.tokens[{}]", error.index), error.reason)
+        })?;
+        Ok(())
+    }
+
+    fn validate_storage_and_testing(&self) -> Result<(), ConfigError> {
+        positive_u64(
+            "storage.block_cache_bytes",
+            u64::try_from(self.storage.block_cache_bytes).unwrap_or(u64::MAX),
+        )?;
+        positive_u64(
+            "storage.write_buffer_bytes",
+            u64::try_from(self.storage.write_buffer_bytes).unwrap_or(u64::MAX),
+        )?;
+        if self.testing.clock_rate_ppm.abs() > CLOCK_RATE_PPM_BOUND {
+            return Err(ConfigError::invalid(
+                "testing.clock_rate_ppm",
+                format!(
+                    "must be within -{CLOCK_RATE_PPM_BOUND}..={CLOCK_RATE_PPM_BOUND}, got {}",
+                    self.testing.clock_rate_ppm
+                ),
+            ));
+        }
+        if self.testing.clock_offset_ms.abs() > CLOCK_OFFSET_MS_BOUND {
+            return Err(ConfigError::invalid(
+                "testing.clock_offset_ms",
+                format!(
+                    "must be within -{CLOCK_OFFSET_MS_BOUND}..={CLOCK_OFFSET_MS_BOUND}, got {}",
+                    self.testing.clock_offset_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The configuration as TOML text that [`parse`] reads back to an equal configuration.
+    ///
+    /// Fails only for values TOML cannot hold (integers above `i64::MAX`, non-UTF-8 paths).
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|error| ConfigError::Serialize(error.to_string()))
+    }
+}
+
+fn positive_u64(field: &str, value: u64) -> Result<(), ConfigError> {
+    if value == 0 {
+        Err(ConfigError::invalid(field, "must be greater than 0"))
+    } else {
+        Ok(())
+    }
+}
+
+fn positive_u32(field: &str, value: u32) -> Result<(), ConfigError> {
+    positive_u64(field, u64::from(value))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    const MINIMAL: &str = r#"
+node_id = 1
+data_dir = "data"
+
+[peers.1]
+addr = "127.0.0.1:7401"
+http_addr = "127.0.0.1:7501"
+
+[peers.2]
+addr = "127.0.0.1:7402"
+http_addr = "127.0.0.1:7502"
+
+[peers.3]
+addr = "127.0.0.1:7403"
+http_addr = "127.0.0.1:7503"
+
+[tls]
+ca_cert = "certs/ca.pem"
+node_cert = "certs/node-1.pem"
+node_key = "certs/node-1.key"
+"#;
+
+    fn minimal() -> ServerConfig {
+        parse(MINIMAL, "minimal.toml").unwrap()
+    }
+
+    fn invalid_field(config: &ServerConfig) -> String {
+        match config.validate() {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            other => panic!("expected an invalid field, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn minimal_config_gets_documented_defaults() {
+        let config = minimal();
+        assert_eq!(config.cluster_name, "tenure");
+        assert_eq!(config.groups, 64);
+        assert_eq!(config.replication_factor, 3);
+        assert_eq!(config.timing, TimingConfig::default());
+        assert_eq!(config.limits, LimitsConfig::default());
+        assert_eq!(config.storage, StorageConfig::default());
+        assert!(!config.auth.insecure_dev_mode);
+        assert!(config.auth.tokens.is_empty());
+        assert_eq!(config.effective_ttl_ms_min(), 2_250);
+        assert_eq!(config.timing(), GroupTiming::default());
+        assert_eq!(config.own_peer().unwrap().addr.port(), 7401);
+    }
+
+    #[test]
+    fn to_toml_round_trips() {
+        let mut config = minimal();
+        config.auth.tokens.push(TokenConfig {
+            sha256: crate::auth::token_sha256_hex("secret"),
+            principal_id: "svc".into(),
+            tenant_id: "acme".into(),
+        });
+        config.testing.clock_rate_ppm = -5_000;
+        let text = config.to_toml().unwrap();
+        assert_eq!(parse(&text, "round trip").unwrap(), config);
+    }
+
+    #[test]
+    fn syntax_errors_name_line_column_and_field() {
+        let text = MINIMAL.replace("data_dir = \"data\"", "data_dir = \"data");
+        let error = parse(&text, "broken.toml").unwrap_err();
+        let message = error.to_string();
+        assert!(message.starts_with("broken.toml:3:"), "{message}");
+
+        let text = format!("{MINIMAL}\n[timing]\nheartbeat_ms = \"fast\"\n");
+        let error = parse(&text, "typed.toml").unwrap_err();
+        assert_eq!(error.field(), Some("timing.heartbeat_ms"), "{error}");
+        assert!(error.to_string().contains("typed.toml:23:16"), "{error}");
+
+        let text = format!("{MINIMAL}\n[limits]\nttl_max = 5\n");
+        let error = parse(&text, "unknown.toml").unwrap_err();
+        assert_eq!(error.field(), Some("limits.ttl_max"), "{error}");
+        assert!(error.to_string().contains("unknown field"), "{error}");
+
+        let text = MINIMAL.replace("node_id = 1\n", "");
+        let error = parse(&text, "missing.toml").unwrap_err();
+        assert_eq!(error.field(), Some("node_id"), "{error}");
+
+        let text = MINIMAL.replace("node_key = \"certs/node-1.key\"\n", "");
+        let error = parse(&text, "missing.toml").unwrap_err();
+        assert_eq!(error.field(), Some("tls.node_key"), "{error}");
+
+        // A file of tables only, missing a root field.
+        let text = MINIMAL.replace("node_id = 1\ndata_dir = \"data\"\n", "");
+        let text = format!("{}\ndata_dir = \"d\"\nnode_id = 1\n", text.trim_start()).replacen(
+            "node_id = 1\n",
+            "",
+            1,
+        );
+        let error = parse(&text, "tables.toml").unwrap_err();
+        assert_eq!(error.field(), Some("node_id"), "{error}");
+
+        let text = MINIMAL.replace(
+            "[tls]\nca_cert = \"certs/ca.pem\"\nnode_cert = \"certs/node-1.pem\"\nnode_key = \"certs/node-1.key\"\n",
+            "tls = { ca_cert = \"a\", node_cert = \"b\" }\n",
+        );
+        let text = text.replace(
+            "node_id = 1\n",
+            "node_id = 1\ntls = { ca_cert = \"a\", node_cert = \"b\" }\n",
+        );
+        let text = text
+            .rsplit_once("tls = {")
+            .map_or(text.clone(), |(head, _)| head.to_owned());
+        let error = parse(&text, "inline.toml").unwrap_err();
+        assert_eq!(error.field(), Some("tls.node_key"), "{error}");
+
+        let text = MINIMAL.replace("127.0.0.1:7502", "127.0.0.1");
+        let error = parse(&text, "addr.toml").unwrap_err();
+        assert_eq!(error.field(), Some("peers.2.http_addr"), "{error}");
+    }
+
+    #[test]
+    fn membership_is_checked() {
+        let mut config = minimal();
+        config.node_id = 4;
+        assert_eq!(invalid_field(&config), "node_id");
+        config.node_id = 0;
+        assert_eq!(invalid_field(&config), "node_id");
+
+        let mut config = minimal();
+        config.replication_factor = 4;
+        assert_eq!(invalid_field(&config), "replication_factor");
+        config.replication_factor = 0;
+        assert_eq!(invalid_field(&config), "replication_factor");
+        config.replication_factor = 2;
+        config.validate().unwrap();
+
+        let mut config = minimal();
+        let first = config.peers[&1].addr;
+        config.peers.get_mut(&3).unwrap().addr = first;
+        assert_eq!(invalid_field(&config), "peers.3.addr");
+
+        let mut config = minimal();
+        config.groups = 0;
+        assert_eq!(invalid_field(&config), "groups");
+        config.groups = GROUPS_MAX + 1;
+        assert_eq!(invalid_field(&config), "groups");
+        config.groups = GROUPS_MAX;
+        config.validate().unwrap();
+
+        let mut config = minimal();
+        config.cluster_name = String::new();
+        assert_eq!(invalid_field(&config), "cluster_name");
+
+        let mut config = minimal();
+        config.tls.node_key = PathBuf::new();
+        assert_eq!(invalid_field(&config), "tls.node_key");
+    }
+
+    #[test]
+    fn timing_is_checked_and_scaled() {
+        let mut config = minimal();
+        config.timing.election_timeout_max_ms = config.timing.election_timeout_min_ms;
+        assert_eq!(invalid_field(&config), "timing.election_timeout_min_ms");
+
+        let mut config = minimal();
+        config.timing.heartbeat_ms = 600;
+        assert_eq!(invalid_field(&config), "timing.heartbeat_ms");
+        config.timing.heartbeat_ms = 5;
+        assert_eq!(invalid_field(&config), "timing.heartbeat_ms");
+
+        // Fast test timing still passes openraft's check.
+        for (heartbeat, min, max) in [(100, 300, 600), (50, 150, 300), (20, 50, 100)] {
+            let mut config = minimal();
+            config.timing.heartbeat_ms = heartbeat;
+            config.timing.election_timeout_min_ms = min;
+            config.timing.election_timeout_max_ms = max;
+            config.validate().unwrap();
+            let timing = config.timing();
+            assert_eq!(timing.heartbeat_interval_ms, heartbeat);
+            assert_eq!(timing.election_timeout_min_ms, min);
+            assert!(timing.tick_interval_ms < GroupTiming::default().tick_interval_ms);
+            timing.openraft_config().unwrap();
+            assert_eq!(config.effective_ttl_ms_min(), max * 3 / 2);
+        }
+
+        let mut config = minimal();
+        config.timing.expire_batch_max = 0;
+        assert_eq!(invalid_field(&config), "timing.expire_batch_max");
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        let mut config = minimal();
+        config.limits.ttl_ms_max = tenure_core::TTL_MS_CEILING + 1;
+        assert_eq!(invalid_field(&config), "limits.ttl_ms_max");
+
+        let mut config = minimal();
+        config.limits.ttl_ms_max = 2_000; // below the derived minimum of 2250
+        assert_eq!(invalid_field(&config), "limits.ttl_ms_min");
+        config.limits.ttl_ms_min = 500;
+        config.validate().unwrap();
+        assert_eq!(config.effective_ttl_ms_min(), 500);
+
+        let mut config = minimal();
+        config.limits.acquire_inflight_percent = 101;
+        assert_eq!(invalid_field(&config), "limits.acquire_inflight_percent");
+        config.limits.acquire_inflight_percent = 0;
+        assert_eq!(invalid_field(&config), "limits.acquire_inflight_percent");
+
+        let mut config = minimal();
+        config.limits.ops_per_entry_max = OPS_PER_ENTRY_CEILING + 1;
+        assert_eq!(invalid_field(&config), "limits.ops_per_entry_max");
+
+        let mut config = minimal();
+        config.limits.http_body_bytes_max = 0;
+        assert_eq!(invalid_field(&config), "limits.http_body_bytes_max");
+
+        let mut config = minimal();
+        config.testing.clock_rate_ppm = -100_001;
+        assert_eq!(invalid_field(&config), "testing.clock_rate_ppm");
+        config.testing.clock_rate_ppm = 5_000;
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn tokens_are_checked() {
+        let mut config = minimal();
+        config.auth.tokens.push(TokenConfig {
+            sha256: "abc".into(),
+            principal_id: "svc".into(),
+            tenant_id: "acme".into(),
+        });
+        assert_eq!(invalid_field(&config), "auth.tokens[0].sha256");
+        config.auth.tokens[0].sha256 = crate::auth::token_sha256_hex("t");
+        config.validate().unwrap();
+        config.auth.tokens[0].tenant_id = " ".into();
+        assert_eq!(invalid_field(&config), "auth.tokens[0].tenant_id");
+        config.auth.tokens[0].tenant_id = "acme".into();
+        config.auth.tokens.push(config.auth.tokens[0].clone());
+        assert_eq!(invalid_field(&config), "auth.tokens[1].sha256");
+    }
+
+    #[test]
+    fn load_resolves_relative_paths_against_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(&path, MINIMAL).unwrap();
+        let config = load(&path).unwrap();
+        let base = std::path::absolute(dir.path()).unwrap();
+        assert_eq!(config.data_dir, base.join("data"));
+        assert_eq!(config.tls.ca_cert, base.join("certs/ca.pem"));
+
+        let error = load(&dir.path().join("absent.toml")).unwrap_err();
+        assert!(matches!(error, ConfigError::Read { .. }), "{error}");
+
+        let text = MINIMAL.replace("node_id = 1", "node_id = 9");
+        std::fs::write(&path, text).unwrap();
+        let message = load(&path).unwrap_err().to_string();
+        assert!(
+            message.contains("node.toml: invalid `node_id`"),
+            "{message}"
+        );
+    }
+}

@@ -1,0 +1,1155 @@
+//! `tenure dev`: a local cluster of separate node processes on 127.0.0.1, in one command.
+//!
+//! The first run on a directory creates it: certificates (`DIR/certs`), one configuration per
+//! node (`DIR/node-N/tenure.toml`, data in `DIR/node-N/data`, insecure development mode on) and
+//! `DIR/dev.toml`, which records the cluster's shape. Later runs on the same directory reuse all
+//! of it, so the same cluster restarts with its data; flags that disagree with the recorded shape
+//! are refused. Each node is this executable (`tenure serve --config ...`) in its own process and
+//! process group, with stdout and stderr appended to `DIR/node-N/node.log`.
+//!
+//! Once every node answers `GET /readyz` with 200 (every group has a leader), `DIR/cluster.json`
+//! is written; it exists exactly while the cluster is up and ready (it is removed at start and at
+//! stop). SIGINT or SIGTERM (or `--duration-s`) stops the nodes with SIGTERM (graceful:
+//! leadership is handed off), waits up to 20 s, then kills what is left.
+//!
+//! Must not depend on: the node's internals; it talks to nodes only as a user would (processes,
+//! files, HTTP).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::ServerError;
+use crate::config::{self, PeerConfig, ServerConfig};
+
+/// Default directory of `tenure dev`.
+pub const DEFAULT_DIR: &str = "tenure-dev";
+/// Default number of nodes.
+pub const DEFAULT_NODES: u32 = 3;
+/// Default number of groups.
+pub const DEFAULT_GROUPS: u32 = 64;
+/// Default base port: node N listens on `base + N` (QUIC, UDP) and `base + 100 + N` (HTTP).
+pub const DEFAULT_BASE_PORT: u16 = 7400;
+/// Largest number of nodes (HTTP ports start 100 above the QUIC ports).
+pub const NODES_MAX: u32 = 99;
+/// Cluster name of development clusters.
+pub const DEV_CLUSTER_NAME: &str = "tenure-dev";
+/// How long a node may take to stop after SIGTERM before it is killed.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// The shape file inside the directory.
+pub const SHAPE_FILE: &str = "dev.toml";
+/// The cluster file inside the directory.
+pub const CLUSTER_FILE: &str = "cluster.json";
+/// Lines of a node's log shown when it fails.
+const LOG_TAIL_LINES: usize = 40;
+
+/// What `tenure dev` was asked to do. `None` means "the recorded value, or the default for a new
+/// directory".
+#[derive(Debug, Clone)]
+pub struct DevOptions {
+    /// The cluster's directory (default `./tenure-dev`).
+    pub data_dir: PathBuf,
+    /// Number of nodes (default 3).
+    pub nodes: Option<u32>,
+    /// Number of groups (default 64).
+    pub groups: Option<u32>,
+    /// Base port (default 7400); 0 picks free ports.
+    pub base_port: Option<u16>,
+    /// Whether nodes fsync before acknowledging (default true). May change between runs.
+    pub fsync: Option<bool>,
+    /// Stop by itself after this long once ready (for scripts and tests).
+    pub duration: Option<Duration>,
+    /// How long every node may take to become ready.
+    pub ready_timeout: Duration,
+    /// The node executable (default: this executable). It is run as `EXE serve --config FILE`.
+    pub executable: Option<PathBuf>,
+}
+
+impl Default for DevOptions {
+    fn default() -> Self {
+        DevOptions {
+            data_dir: PathBuf::from(DEFAULT_DIR),
+            nodes: None,
+            groups: None,
+            base_port: None,
+            fsync: None,
+            duration: None,
+            ready_timeout: Duration::from_secs(120),
+            executable: None,
+        }
+    }
+}
+
+/// The shape of a development cluster, recorded in `DIR/dev.toml` by its first run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevShape {
+    /// Number of nodes (ids 1..=nodes).
+    pub nodes: u32,
+    /// Number of groups.
+    pub groups: u32,
+    /// The base port asked for (0: ports were picked; see the node configurations).
+    pub base_port: u16,
+    /// Whether nodes fsync.
+    pub fsync: bool,
+    /// Replicas per group.
+    pub replication_factor: u32,
+    /// The cluster name.
+    pub cluster_name: String,
+    /// When the cluster was created, in milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+/// Why `tenure dev` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    /// The flags cannot be used (or disagree with the directory's recorded shape).
+    #[error("{0}")]
+    Options(String),
+    /// Setting up or reading the directory failed.
+    #[error(transparent)]
+    Setup(Box<ServerError>),
+    /// A node's configuration is unusable.
+    #[error(transparent)]
+    Config(Box<config::ConfigError>),
+    /// A node process could not be started.
+    #[error("cannot start node {node} ({}): {source}", executable.display())]
+    Spawn {
+        /// The node.
+        node: u64,
+        /// The executable.
+        executable: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A node process exited while the cluster was supposed to run.
+    #[error("node {node} exited ({status}); the last lines of {}:\n{tail}", log.display())]
+    NodeExited {
+        /// The node.
+        node: u64,
+        /// How it exited.
+        status: ExitStatus,
+        /// Its log file.
+        log: PathBuf,
+        /// The end of its log.
+        tail: String,
+    },
+    /// Not every node became ready in time.
+    #[error("nodes {nodes:?} were not ready after {waited:?}; the end of their logs:\n{tails}")]
+    NotReady {
+        /// The nodes that were not ready.
+        nodes: Vec<u64>,
+        /// How long it waited.
+        waited: Duration,
+        /// The end of their logs.
+        tails: String,
+    },
+}
+
+impl From<ServerError> for DevError {
+    fn from(error: ServerError) -> Self {
+        DevError::Setup(Box::new(error))
+    }
+}
+
+impl From<config::ConfigError> for DevError {
+    fn from(error: config::ConfigError) -> Self {
+        DevError::Config(Box::new(error))
+    }
+}
+
+/// One node of a prepared cluster.
+#[derive(Debug, Clone)]
+pub struct DevNode {
+    /// Its id.
+    pub id: u64,
+    /// Its configuration file.
+    pub config_path: PathBuf,
+    /// Its configuration (as loaded from the file).
+    pub config: ServerConfig,
+    /// Its log file.
+    pub log_path: PathBuf,
+}
+
+impl DevNode {
+    fn own(&self) -> Result<&PeerConfig, DevError> {
+        self.config.own_peer().ok_or_else(|| {
+            DevError::Options(format!(
+                "{}: node {} is not in its own peers",
+                self.config_path.display(),
+                self.id
+            ))
+        })
+    }
+}
+
+/// A development cluster's directory, ready to start.
+#[derive(Debug, Clone)]
+pub struct DevCluster {
+    /// The directory (absolute).
+    pub dir: PathBuf,
+    /// The recorded shape.
+    pub shape: DevShape,
+    /// The nodes, by id.
+    pub nodes: Vec<DevNode>,
+    /// The cluster CA certificate.
+    pub ca_cert: PathBuf,
+    /// True when this run created the directory.
+    pub created: bool,
+}
+
+impl DevCluster {
+    /// Where `cluster.json` goes.
+    pub fn cluster_file(&self) -> PathBuf {
+        self.dir.join(CLUSTER_FILE)
+    }
+
+    /// The contents of `cluster.json`: every node's client (QUIC) and HTTP address, the group
+    /// count and the CA certificate clients verify nodes with.
+    pub fn cluster_json(&self) -> Result<String, DevError> {
+        #[derive(Serialize)]
+        struct ClusterNode {
+            id: u64,
+            client: String,
+            http: String,
+        }
+        #[derive(Serialize)]
+        struct ClusterFile {
+            nodes: Vec<ClusterNode>,
+            groups: u32,
+            ca_cert: String,
+        }
+        let mut nodes = Vec::new();
+        for node in &self.nodes {
+            let own = node.own()?;
+            nodes.push(ClusterNode {
+                id: node.id,
+                client: own.addr.to_string(),
+                http: format!("http://{}", own.http_addr),
+            });
+        }
+        let file = ClusterFile {
+            nodes,
+            groups: self.shape.groups,
+            ca_cert: self.ca_cert.to_string_lossy().into_owned(),
+        };
+        let mut text = serde_json::to_string(&file)
+            .map_err(|e| DevError::Options(format!("cannot encode {CLUSTER_FILE}: {e}")))?;
+        text.push('\n');
+        Ok(text)
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn io_error(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> DevError {
+    let context = context.into();
+    move |source| DevError::from(ServerError::io(context, source))
+}
+
+/// Writes `contents` to `path` atomically (temporary file, fsync, rename, fsync of the directory).
+fn write_atomically(path: &Path, contents: &str) -> Result<(), DevError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut temp_name = path.file_name().unwrap_or_default().to_os_string();
+    temp_name.push(".tmp");
+    let temp = dir.join(temp_name);
+    let mut file =
+        fs::File::create(&temp).map_err(io_error(format!("creating {}", temp.display())))?;
+    file.write_all(contents.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(io_error(format!("writing {}", temp.display())))?;
+    drop(file);
+    fs::rename(&temp, path).map_err(io_error(format!("renaming to {}", path.display())))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error(format!("syncing {}", dir.display())))?;
+    Ok(())
+}
+
+/// Creates the cluster's directory on the first run, or checks and reuses it on later runs.
+/// Starts nothing.
+pub fn prepare(options: &DevOptions) -> Result<DevCluster, DevError> {
+    let dir = std::path::absolute(&options.data_dir).map_err(io_error(format!(
+        "resolving {}",
+        options.data_dir.display()
+    )))?;
+    let shape_path = dir.join(SHAPE_FILE);
+    if shape_path.exists() {
+        reuse(options, dir)
+    } else {
+        create(options, dir)
+    }
+}
+
+fn node_dir(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("node-{id}"))
+}
+
+fn reuse(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
+    let shape_path = dir.join(SHAPE_FILE);
+    let text = fs::read_to_string(&shape_path)
+        .map_err(io_error(format!("reading {}", shape_path.display())))?;
+    let mut shape: DevShape = toml::from_str(&text).map_err(|e| {
+        DevError::Options(format!(
+            "{} is garbled: {}",
+            shape_path.display(),
+            e.message()
+        ))
+    })?;
+    let disagree = |flag: &str, given: String, recorded: String| {
+        DevError::Options(format!(
+            "{} holds a cluster created with --{flag} {recorded}, not {given}; drop --{flag} to \
+             restart that cluster, or pass another --data-dir for a new one",
+            dir.display()
+        ))
+    };
+    if let Some(nodes) = options.nodes.filter(|n| *n != shape.nodes) {
+        return Err(disagree(
+            "nodes",
+            nodes.to_string(),
+            shape.nodes.to_string(),
+        ));
+    }
+    if let Some(groups) = options.groups.filter(|g| *g != shape.groups) {
+        return Err(disagree(
+            "groups",
+            groups.to_string(),
+            shape.groups.to_string(),
+        ));
+    }
+    if let Some(port) = options.base_port.filter(|p| *p != shape.base_port) {
+        return Err(disagree(
+            "base-port",
+            port.to_string(),
+            shape.base_port.to_string(),
+        ));
+    }
+    let change_fsync = options.fsync.filter(|f| *f != shape.fsync);
+    let mut nodes = Vec::new();
+    for id in 1..=u64::from(shape.nodes) {
+        let node_dir = node_dir(&dir, id);
+        let config_path = node_dir.join("tenure.toml");
+        let mut config = config::load(&config_path)?;
+        if config.node_id != id {
+            return Err(DevError::Options(format!(
+                "{} is the configuration of node {}, expected node {id}",
+                config_path.display(),
+                config.node_id
+            )));
+        }
+        if let Some(fsync) = change_fsync {
+            config.storage.fsync = fsync;
+            write_node_config(&config_path, &config)?;
+        }
+        nodes.push(DevNode {
+            id,
+            config_path,
+            config,
+            log_path: node_dir.join("node.log"),
+        });
+    }
+    if let Some(fsync) = change_fsync {
+        shape.fsync = fsync;
+        write_shape(&dir, &shape)?;
+        info!(fsync, "changed the nodes' storage.fsync");
+    }
+    let ca_cert = nodes
+        .first()
+        .map(|node| node.config.tls.ca_cert.clone())
+        .unwrap_or_else(|| dir.join("certs").join(tenure_transport::tls::CA_CERT_FILE));
+    Ok(DevCluster {
+        dir,
+        shape,
+        nodes,
+        ca_cert,
+        created: false,
+    })
+}
+
+fn create(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
+    let nodes = options.nodes.unwrap_or(DEFAULT_NODES);
+    let groups = options.groups.unwrap_or(DEFAULT_GROUPS);
+    let base_port = options.base_port.unwrap_or(DEFAULT_BASE_PORT);
+    let fsync = options.fsync.unwrap_or(true);
+    if nodes == 0 || nodes > NODES_MAX {
+        return Err(DevError::Options(format!(
+            "--nodes must be within 1..={NODES_MAX}, got {nodes}"
+        )));
+    }
+    if base_port != 0 && u32::from(base_port) + 100 + nodes > u32::from(u16::MAX) {
+        return Err(DevError::Options(format!(
+            "--base-port {base_port} leaves no room for {nodes} nodes (ports base+1..base+{nodes} \
+             and base+101..base+{}); use a lower one, or 0 to pick free ports",
+            100 + nodes
+        )));
+    }
+    let not_empty = fs::read_dir(&dir).is_ok_and(|mut entries| entries.next().is_some());
+    if not_empty {
+        return Err(DevError::Options(format!(
+            "{} exists, is not empty and has no {SHAPE_FILE}, so it is not a tenure dev \
+             directory (or its first run was interrupted); remove it or pass another --data-dir",
+            dir.display()
+        )));
+    }
+
+    let ids: Vec<u64> = (1..=u64::from(nodes)).collect();
+    let ports = pick_ports(base_port, &ids)?;
+    let certs_dir = dir.join("certs");
+    let peers: BTreeMap<u64, PeerConfig> = ids
+        .iter()
+        .zip(&ports)
+        .map(|(id, (quic, http))| {
+            (
+                *id,
+                PeerConfig {
+                    addr: SocketAddr::from((Ipv4Addr::LOCALHOST, *quic)),
+                    http_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, *http)),
+                },
+            )
+        })
+        .collect();
+    let replication_factor = nodes.min(3);
+    let mut dev_nodes = Vec::new();
+    for id in &ids {
+        let node_dir = node_dir(&dir, *id);
+        let mut config =
+            ServerConfig::with_defaults(*id, node_dir.join("data"), peers.clone(), &certs_dir);
+        config.cluster_name = DEV_CLUSTER_NAME.to_owned();
+        config.groups = groups;
+        config.replication_factor = replication_factor;
+        config.auth.insecure_dev_mode = true;
+        config.storage.fsync = fsync;
+        config.validate()?;
+        dev_nodes.push(DevNode {
+            id: *id,
+            config_path: node_dir.join("tenure.toml"),
+            config,
+            log_path: node_dir.join("node.log"),
+        });
+    }
+
+    fs::create_dir_all(&dir).map_err(io_error(format!("creating {}", dir.display())))?;
+    let paths = crate::certs::generate(
+        &certs_dir,
+        DEV_CLUSTER_NAME,
+        &ids,
+        &[Ipv4Addr::LOCALHOST.into()],
+    )?;
+    for node in &dev_nodes {
+        let node_dir = node_dir(&dir, node.id);
+        fs::create_dir_all(&node_dir)
+            .map_err(io_error(format!("creating {}", node_dir.display())))?;
+        write_node_config(&node.config_path, &node.config)?;
+    }
+    let shape = DevShape {
+        nodes,
+        groups,
+        base_port,
+        fsync,
+        replication_factor,
+        cluster_name: DEV_CLUSTER_NAME.to_owned(),
+        created_unix_ms: now_unix_ms(),
+    };
+    // Last: its presence marks a complete directory.
+    write_shape(&dir, &shape)?;
+    Ok(DevCluster {
+        dir,
+        shape,
+        nodes: dev_nodes,
+        ca_cert: paths.ca_cert,
+        created: true,
+    })
+}
+
+fn write_node_config(path: &Path, config: &ServerConfig) -> Result<(), DevError> {
+    let text = format!(
+        "# Written by `tenure dev` for node {} of a local development cluster.\n# INSECURE: \
+         auth.insecure_dev_mode trusts principal headers without authentication.\n\n{}",
+        config.node_id,
+        config.to_toml()?
+    );
+    write_atomically(path, &text)
+}
+
+fn write_shape(dir: &Path, shape: &DevShape) -> Result<(), DevError> {
+    let body = toml::to_string(shape)
+        .map_err(|e| DevError::Options(format!("cannot encode {SHAPE_FILE}: {e}")))?;
+    let text = format!(
+        "# The shape of this `tenure dev` cluster, recorded by its first run. Later runs reuse \
+         it.\n{body}"
+    );
+    write_atomically(&dir.join(SHAPE_FILE), &text)
+}
+
+/// `(quic, http)` ports per node: `base + id` and `base + 100 + id`, or free ports (UDP for QUIC,
+/// TCP for HTTP) picked by binding port 0 when `base` is 0.
+fn pick_ports(base: u16, ids: &[u64]) -> Result<Vec<(u16, u16)>, DevError> {
+    if base != 0 {
+        return ids
+            .iter()
+            .map(|id| {
+                let quic = u16::try_from(u64::from(base) + id);
+                let http = u16::try_from(u64::from(base) + 100 + id);
+                match (quic, http) {
+                    (Ok(quic), Ok(http)) => Ok((quic, http)),
+                    _ => Err(DevError::Options(format!(
+                        "--base-port {base} leaves no port for node {id}"
+                    ))),
+                }
+            })
+            .collect();
+    }
+    // Hold every socket until all ports are chosen, so no port is picked twice.
+    let mut held_udp = Vec::new();
+    let mut held_tcp = Vec::new();
+    let mut ports = Vec::new();
+    for _ in ids {
+        let udp = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(io_error("binding a free UDP port"))?;
+        let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(io_error("binding a free TCP port"))?;
+        let quic = udp
+            .local_addr()
+            .map_err(io_error("reading a UDP port"))?
+            .port();
+        let http = tcp
+            .local_addr()
+            .map_err(io_error("reading a TCP port"))?
+            .port();
+        ports.push((quic, http));
+        held_udp.push(udp);
+        held_tcp.push(tcp);
+    }
+    Ok(ports)
+}
+
+/// The last `lines` lines of a log file (at most its last 64 KiB).
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let read = || -> std::io::Result<String> {
+        let mut file = fs::File::open(path)?;
+        let len = file.metadata()?.len();
+        let start = len.saturating_sub(64 * 1024);
+        file.seek(SeekFrom::Start(start))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    match read() {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            let from = all.len().saturating_sub(lines);
+            all[from..]
+                .iter()
+                .map(|line| format!("    {line}\n"))
+                .collect()
+        }
+        Err(error) => format!("    (cannot read {}: {error})\n", path.display()),
+    }
+}
+
+/// The HTTP status of `GET path` on `addr` (plain HTTP/1.1), within `timeout`.
+pub async fn http_get_status(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> std::io::Result<u16> {
+    let request = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut head = Vec::with_capacity(256);
+        let mut chunk = [0u8; 256];
+        while !head.windows(2).any(|w| w == b"\r\n") && head.len() < 4096 {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&chunk[..n]);
+        }
+        let text = String::from_utf8_lossy(&head);
+        let status_line = text.lines().next().unwrap_or("");
+        let mut parts = status_line.split_whitespace();
+        match (parts.next(), parts.next().map(str::parse::<u16>)) {
+            (Some(version), Some(Ok(code))) if version.starts_with("HTTP/") => Ok(code),
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("not an HTTP response: {status_line:?}"),
+            )),
+        }
+    };
+    tokio::time::timeout(timeout, request)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in time"))?
+}
+
+/// SIGINT and SIGTERM.
+struct StopSignals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl StopSignals {
+    fn new() -> Result<Self, DevError> {
+        Ok(StopSignals {
+            interrupt: signal(SignalKind::interrupt()).map_err(io_error("listening for SIGINT"))?,
+            terminate: signal(SignalKind::terminate())
+                .map_err(io_error("listening for SIGTERM"))?,
+        })
+    }
+
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
+}
+
+/// A running node process.
+struct Running {
+    id: u64,
+    child: Child,
+    log_path: PathBuf,
+    http_addr: SocketAddr,
+}
+
+fn spawn_node(executable: &Path, node: &DevNode) -> Result<Running, DevError> {
+    let spawn_error = |source| DevError::Spawn {
+        node: node.id,
+        executable: executable.to_owned(),
+        source,
+    };
+    let mut log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&node.log_path)
+        .map_err(spawn_error)?;
+    writeln!(
+        log,
+        "==== tenure dev: starting node {} at unix ms {} ====",
+        node.id,
+        now_unix_ms()
+    )
+    .map_err(spawn_error)?;
+    let stderr = log.try_clone().map_err(spawn_error)?;
+    let child = Command::new(executable)
+        .arg("serve")
+        .arg("--config")
+        .arg(&node.config_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(stderr))
+        // Its own process group: a Ctrl-C in the terminal reaches only this process, which then
+        // stops the nodes in order.
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(spawn_error)?;
+    Ok(Running {
+        id: node.id,
+        child,
+        log_path: node.log_path.clone(),
+        http_addr: node.own()?.http_addr,
+    })
+}
+
+/// The first node found to have exited, as an error.
+fn exited(nodes: &mut [Running]) -> Option<DevError> {
+    for node in nodes.iter_mut() {
+        match node.child.try_wait() {
+            Ok(Some(status)) => {
+                return Some(DevError::NodeExited {
+                    node: node.id,
+                    status,
+                    log: node.log_path.clone(),
+                    tail: log_tail(&node.log_path, LOG_TAIL_LINES),
+                });
+            }
+            Ok(None) => {}
+            Err(error) => warn!(node = node.id, "cannot check the node process: {error}"),
+        }
+    }
+    None
+}
+
+async fn send_sigterm(node: &mut Running) {
+    let Some(pid) = node.child.id() else {
+        return; // already reaped
+    };
+    let sent = Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .status()
+        .await;
+    match sent {
+        Ok(status) if status.success() => {}
+        other => {
+            warn!(
+                node = node.id,
+                "kill -TERM {pid} failed ({other:?}); killing it"
+            );
+            let _ = node.child.start_kill();
+        }
+    }
+}
+
+/// SIGTERM to every node, then waits for all of them until [`STOP_TIMEOUT`] has passed, then
+/// kills what is left.
+async fn stop_all(nodes: &mut [Running]) {
+    for node in nodes.iter_mut() {
+        send_sigterm(node).await;
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    for node in nodes.iter_mut() {
+        match tokio::time::timeout_at(deadline, node.child.wait()).await {
+            Ok(Ok(status)) if status.success() => info!(node = node.id, "node stopped"),
+            Ok(Ok(status)) => {
+                eprintln!("tenure dev: node {} stopped with {status}", node.id);
+            }
+            Ok(Err(error)) => warn!(node = node.id, "cannot wait for the node: {error}"),
+            Err(_) => {
+                eprintln!(
+                    "tenure dev: node {} did not stop within {STOP_TIMEOUT:?}; killing it",
+                    node.id
+                );
+                let _ = node.child.kill().await;
+            }
+        }
+    }
+}
+
+fn remove_cluster_file(cluster: &DevCluster) {
+    let path = cluster.cluster_file();
+    match fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => warn!("cannot remove {}: {error}", path.display()),
+    }
+}
+
+fn warn_insecure() {
+    warn!(
+        "INSECURE DEVELOPMENT MODE: every node trusts the X-Tenure-Principal-Id and \
+         X-Tenure-Principal-Tenant headers (and QUIC request principals) without authentication"
+    );
+    let lines = [
+        "tenure dev: INSECURE DEVELOPMENT MODE",
+        "Principal headers are trusted WITHOUT authentication: any local process",
+        "can act as any tenant. Never expose these ports or keep real data here.",
+    ];
+    let width = lines.iter().map(|line| line.len()).max().unwrap_or(0);
+    let border = "*".repeat(width + 4);
+    let mut banner = format!("\n{border}\n");
+    for line in lines {
+        banner.push_str(&format!("* {line:<width$} *\n"));
+    }
+    banner.push_str(&border);
+    eprintln!("{banner}\n");
+}
+
+fn print_ready(cluster: &DevCluster, took: Duration) {
+    let mut out = String::new();
+    let first_http = cluster
+        .nodes
+        .first()
+        .and_then(|n| n.config.own_peer())
+        .map(|p| p.http_addr.to_string())
+        .unwrap_or_default();
+    let last_http = cluster
+        .nodes
+        .last()
+        .and_then(|n| n.config.own_peer())
+        .map(|p| p.http_addr.to_string())
+        .unwrap_or_default();
+    out.push_str(&format!(
+        "tenure dev: {} nodes, {} groups, ready in {:.1} s ({} cluster in {})\n",
+        cluster.shape.nodes,
+        cluster.shape.groups,
+        took.as_secs_f64(),
+        if cluster.created { "new" } else { "restarted" },
+        cluster.dir.display()
+    ));
+    out.push_str(&format!(
+        "cluster file: {}\n",
+        cluster.cluster_file().display()
+    ));
+    for node in &cluster.nodes {
+        if let Some(own) = node.config.own_peer() {
+            out.push_str(&format!(
+                "  node {}: client (QUIC) {}  http http://{}  log {}\n",
+                node.id,
+                own.addr,
+                own.http_addr,
+                node.log_path.display()
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "\nTry (any node answers; insecure dev mode takes the principal from the headers):\n\
+         \x20 curl -s -X POST http://{first_http}/v1/leases/acquire \\\n\
+         \x20   -H 'Content-Type: application/json' \\\n\
+         \x20   -H 'X-Tenure-Principal-Id: dev' -H 'X-Tenure-Principal-Tenant: acme' \\\n\
+         \x20   -d '{{\"tenant_id\":\"acme\",\"resource_id\":\"db-primary\",\"holder_id\":\"worker-1\",\"ttl_seconds\":30,\"request_id\":\"req-1\"}}'\n\
+         \x20 curl -s http://{last_http}/v1/leases/acme/db-primary \\\n\
+         \x20   -H 'X-Tenure-Principal-Id: dev' -H 'X-Tenure-Principal-Tenant: acme'\n\
+         \x20 tenurectl --cluster {} -o json acquire --tenant acme --resource db-primary --holder worker-1 --ttl-ms 30000\n\
+         \nCtrl-C stops the cluster; the same command restarts it with its data.\n",
+        cluster.cluster_file().display()
+    ));
+    let _ = std::io::stdout().lock().write_all(out.as_bytes());
+    let _ = std::io::stdout().lock().flush();
+}
+
+/// Runs a development cluster until SIGINT, SIGTERM or `options.duration`.
+///
+/// Returns an error (after stopping every node) when the directory cannot be used, a node exits
+/// early or not every node becomes ready in time.
+pub async fn run(options: DevOptions) -> Result<(), DevError> {
+    let mut signals = StopSignals::new()?;
+    let cluster = prepare(&options)?;
+    remove_cluster_file(&cluster);
+    warn_insecure();
+    let executable = match &options.executable {
+        Some(path) => path.clone(),
+        None => std::env::current_exe().map_err(io_error("finding this executable"))?,
+    };
+    info!(
+        dir = %cluster.dir.display(),
+        nodes = cluster.shape.nodes,
+        groups = cluster.shape.groups,
+        created = cluster.created,
+        "starting the development cluster"
+    );
+
+    let mut running = Vec::new();
+    for node in &cluster.nodes {
+        match spawn_node(&executable, node) {
+            Ok(process) => running.push(process),
+            Err(error) => {
+                stop_all(&mut running).await;
+                return Err(error);
+            }
+        }
+    }
+
+    let started = Instant::now();
+    let outcome = wait_ready(&mut running, &mut signals, options.ready_timeout).await;
+    let result = match outcome {
+        Ok(Some(signal)) => {
+            eprintln!("tenure dev: {signal} before the cluster was ready; stopping");
+            Ok(())
+        }
+        Ok(None) => {
+            let written = cluster
+                .cluster_json()
+                .and_then(|text| write_atomically(&cluster.cluster_file(), &text));
+            match written {
+                Ok(()) => {
+                    print_ready(&cluster, started.elapsed());
+                    supervise(&mut running, &mut signals, options.duration).await
+                }
+                Err(error) => Err(error),
+            }
+        }
+        Err(error) => Err(error),
+    };
+    remove_cluster_file(&cluster);
+    stop_all(&mut running).await;
+    result
+}
+
+/// Waits until every node answers `/readyz` with 200. `Ok(Some(signal))` when a stop signal came
+/// first.
+async fn wait_ready(
+    running: &mut [Running],
+    signals: &mut StopSignals,
+    timeout: Duration,
+) -> Result<Option<&'static str>, DevError> {
+    let deadline = Instant::now() + timeout;
+    let mut ready = vec![false; running.len()];
+    loop {
+        if let Some(error) = exited(running) {
+            return Err(error);
+        }
+        for (node, ready) in running.iter().zip(ready.iter_mut()) {
+            if !*ready {
+                *ready = matches!(
+                    http_get_status(node.http_addr, "/readyz", Duration::from_secs(1)).await,
+                    Ok(200)
+                );
+            }
+        }
+        if ready.iter().all(|r| *r) {
+            return Ok(None);
+        }
+        if Instant::now() >= deadline {
+            let waiting: Vec<&Running> = running
+                .iter()
+                .zip(&ready)
+                .filter(|(_, ready)| !**ready)
+                .map(|(node, _)| node)
+                .collect();
+            let tails = waiting
+                .iter()
+                .map(|node| {
+                    format!(
+                        "  node {} ({}):\n{}",
+                        node.id,
+                        node.log_path.display(),
+                        log_tail(&node.log_path, LOG_TAIL_LINES / 2)
+                    )
+                })
+                .collect();
+            return Err(DevError::NotReady {
+                nodes: waiting.iter().map(|node| node.id).collect(),
+                waited: timeout,
+                tails,
+            });
+        }
+        tokio::select! {
+            signal = signals.recv() => return Ok(Some(signal)),
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+}
+
+/// Watches the running cluster until a stop signal, the end of `duration`, or a node's exit.
+async fn supervise(
+    running: &mut [Running],
+    signals: &mut StopSignals,
+    duration: Option<Duration>,
+) -> Result<(), DevError> {
+    let until = duration.map(|d| Instant::now() + d);
+    loop {
+        if let Some(error) = exited(running) {
+            return Err(error);
+        }
+        let stop_at = until.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            signal = signals.recv() => {
+                eprintln!("tenure dev: {signal}; stopping the nodes");
+                return Ok(());
+            }
+            () = tokio::time::sleep_until(stop_at), if until.is_some() => {
+                eprintln!("tenure dev: --duration-s elapsed; stopping the nodes");
+                return Ok(());
+            }
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn options(dir: &Path) -> DevOptions {
+        DevOptions {
+            data_dir: dir.to_owned(),
+            ..DevOptions::default()
+        }
+    }
+
+    #[test]
+    fn first_run_writes_configs_certs_and_shape() {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().join("dev");
+        let cluster = prepare(&options(&dir)).unwrap();
+        assert!(cluster.created);
+        assert_eq!(cluster.shape.nodes, 3);
+        assert_eq!(cluster.shape.groups, 64);
+        assert_eq!(cluster.shape.replication_factor, 3);
+        assert_eq!(cluster.ca_cert, dir.join("certs/ca.pem"));
+        for node in &cluster.nodes {
+            let loaded = config::load(&node.config_path).unwrap();
+            assert_eq!(loaded, node.config);
+            assert!(loaded.auth.insecure_dev_mode);
+            assert!(loaded.storage.fsync);
+            assert_eq!(loaded.data_dir, dir.join(format!("node-{}/data", node.id)));
+            let own = loaded.own_peer().unwrap();
+            assert_eq!(u64::from(own.addr.port()), 7400 + node.id);
+            assert_eq!(u64::from(own.http_addr.port()), 7500 + node.id);
+            assert!(loaded.tls.node_key.exists());
+        }
+        let json: serde_json::Value =
+            serde_json::from_str(&cluster.cluster_json().unwrap()).unwrap();
+        assert_eq!(json["groups"], 64);
+        assert_eq!(json["nodes"][0]["id"], 1);
+        assert_eq!(json["nodes"][0]["client"], "127.0.0.1:7401");
+        assert_eq!(json["nodes"][2]["http"], "http://127.0.0.1:7503");
+        assert_eq!(json["ca_cert"], dir.join("certs/ca.pem").to_str().unwrap());
+        let text = cluster.cluster_json().unwrap();
+        assert!(text.starts_with("{\"nodes\":[{\"id\":1,\"client\":\"127.0.0.1:7401\",\"http\":\"http://127.0.0.1:7501\"}"), "{text}");
+    }
+
+    #[test]
+    fn later_runs_reuse_the_directory_and_refuse_other_shapes() {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().join("dev");
+        let mut first = options(&dir);
+        first.nodes = Some(1);
+        first.groups = Some(4);
+        let created = prepare(&first).unwrap();
+        assert_eq!(created.shape.replication_factor, 1);
+
+        let again = prepare(&options(&dir)).unwrap();
+        assert!(!again.created);
+        assert_eq!(again.shape, created.shape);
+        assert_eq!(again.nodes[0].config, created.nodes[0].config);
+
+        let mut other = options(&dir);
+        other.nodes = Some(3);
+        let message = prepare(&other).unwrap_err().to_string();
+        assert!(message.contains("--nodes 1, not 3"), "{message}");
+        let mut other = options(&dir);
+        other.groups = Some(64);
+        assert!(
+            prepare(&other)
+                .unwrap_err()
+                .to_string()
+                .contains("--groups 4")
+        );
+        let mut other = options(&dir);
+        other.base_port = Some(9000);
+        assert!(prepare(&other).is_err());
+
+        // fsync may change between runs.
+        let mut no_fsync = options(&dir);
+        no_fsync.fsync = Some(false);
+        let changed = prepare(&no_fsync).unwrap();
+        assert!(!changed.shape.fsync);
+        assert!(
+            !config::load(&changed.nodes[0].config_path)
+                .unwrap()
+                .storage
+                .fsync
+        );
+        assert!(!prepare(&options(&dir)).unwrap().shape.fsync);
+    }
+
+    #[test]
+    fn base_port_zero_picks_distinct_free_ports() {
+        let temp = tempfile::tempdir().unwrap();
+        let mut opts = options(&temp.path().join("dev"));
+        opts.base_port = Some(0);
+        opts.nodes = Some(5);
+        let cluster = prepare(&opts).unwrap();
+        let mut quic: Vec<u16> = cluster
+            .nodes
+            .iter()
+            .map(|n| n.config.own_peer().unwrap().addr.port())
+            .collect();
+        quic.sort_unstable();
+        quic.dedup();
+        assert_eq!(quic.len(), 5);
+        assert!(quic.iter().all(|p| *p != 0));
+    }
+
+    #[test]
+    fn foreign_or_bad_options_are_refused() {
+        let temp = tempfile::tempdir().unwrap();
+        fs::write(temp.path().join("notes.txt"), "mine").unwrap();
+        let message = prepare(&options(temp.path())).unwrap_err().to_string();
+        assert!(message.contains("not a tenure dev directory"), "{message}");
+
+        let mut opts = options(&temp.path().join("a"));
+        opts.nodes = Some(0);
+        assert!(prepare(&opts).is_err());
+        let mut opts = options(&temp.path().join("b"));
+        opts.base_port = Some(65_500);
+        assert!(
+            prepare(&opts)
+                .unwrap_err()
+                .to_string()
+                .contains("--base-port")
+        );
+        let mut opts = options(&temp.path().join("c"));
+        opts.groups = Some(0);
+        assert!(prepare(&opts).unwrap_err().to_string().contains("groups"));
+    }
+
+    #[tokio::test]
+    async fn a_node_that_exits_early_fails_the_run_with_its_log() {
+        let temp = tempfile::tempdir().unwrap();
+        let script = temp.path().join("fake-node.sh");
+        fs::write(&script, "#!/bin/sh\necho \"fake node: $*\"\nexit 3\n").unwrap();
+        make_executable(&script);
+        let mut opts = options(&temp.path().join("dev"));
+        opts.base_port = Some(0);
+        opts.executable = Some(script);
+        let error = run(opts).await.unwrap_err();
+        let message = error.to_string();
+        assert!(matches!(error, DevError::NodeExited { .. }), "{message}");
+        assert!(message.contains("fake node: serve --config"), "{message}");
+        assert!(!temp.path().join("dev").join(CLUSTER_FILE).exists());
+    }
+
+    #[tokio::test]
+    async fn nodes_that_never_get_ready_are_stopped() {
+        let temp = tempfile::tempdir().unwrap();
+        let script = temp.path().join("slow-node.sh");
+        fs::write(&script, "#!/bin/sh\necho waiting\nexec sleep 600\n").unwrap();
+        make_executable(&script);
+        let mut opts = options(&temp.path().join("dev"));
+        opts.base_port = Some(0);
+        opts.nodes = Some(2);
+        opts.executable = Some(script);
+        opts.ready_timeout = Duration::from_millis(700);
+        let started = std::time::Instant::now();
+        let error = run(opts).await.unwrap_err();
+        assert!(
+            matches!(error, DevError::NotReady { ref nodes, .. } if nodes == &[1, 2]),
+            "{error}"
+        );
+        assert!(error.to_string().contains("waiting"), "{error}");
+        // SIGTERM ended them; nobody waited for the kill timeout.
+        assert!(started.elapsed() < Duration::from_secs(15));
+    }
+
+    #[tokio::test]
+    async fn http_status_of_a_tiny_server() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = socket.read(&mut buf).await.unwrap();
+            socket
+                .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .unwrap();
+        });
+        assert_eq!(
+            http_get_status(addr, "/readyz", Duration::from_secs(5))
+                .await
+                .unwrap(),
+            503
+        );
+    }
+
+    fn make_executable(path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let mut permissions = fs::metadata(path).unwrap().permissions();
+        permissions.set_mode(0o755);
+        fs::set_permissions(path, permissions).unwrap();
+    }
+}

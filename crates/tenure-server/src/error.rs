@@ -1,0 +1,44 @@
+//! Errors of starting and running a node (request errors are `tenure_proto::client::WireError`).
+//!
+//! Must not depend on: anything but the error types of the crates below.
+
+/// Why a node could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The configuration is unusable.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The data directory belongs to another node or cluster, or cannot be used.
+    #[error("data directory: {0}")]
+    DataDir(String),
+    /// Storage failed.
+    #[error("storage: {0}")]
+    Storage(#[from] tenure_storage::StoreError),
+    /// The transport failed.
+    #[error("transport: {0}")]
+    Transport(#[from] tenure_transport::TransportError),
+    /// TLS material is unusable.
+    #[error("tls: {0}")]
+    Tls(#[from] tenure_transport::tls::TlsError),
+    /// Raft refused something at start.
+    #[error("raft: {0}")]
+    Raft(String),
+    /// An I/O operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl ServerError {
+    /// An I/O error with context.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        ServerError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

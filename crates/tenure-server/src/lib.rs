@@ -1,0 +1,49 @@
+//! # tenure-server: the tenure node
+//!
+//! A node hosts replicas of many Raft groups (`tenure-transport` carries their messages,
+//! `tenure-storage` keeps their logs and state machines), maps keys to groups with
+//! `tenure-core`'s placement function, stamps log time on the commands its groups' leaders
+//! propose, reclaims expired leases, and serves clients: the native QUIC client protocol
+//! (`tenure-proto::client`, [`client_server`]) and the Tenure v1 HTTP API ([`http`]). Requests for
+//! a group this node does not lead are forwarded to the leader ([`forward`]) or answered with
+//! `NOT_LEADER`.
+//!
+//! Module map:
+//! - [`config`]: the TOML configuration, defaults, validation.
+//! - [`identity`]: the data directory's owner (a directory of another node is refused).
+//! - [`auth`]: bearer tokens -> principals; tenant checks.
+//! - [`clock`]: the monotonic clock abstraction (and its skewed test variant).
+//! - [`group`]: one hosted group: its leader clock, proposal batching, reads.
+//! - [`node`]: starting and stopping a node; placement; leader table; expiry; balancing.
+//! - [`service`]: one request, end to end: admission, auth, routing, forwarding, metrics.
+//! - [`client_server`]: the QUIC side of the client protocol.
+//! - [`forward`]: connections to other nodes' client endpoints for forwarding.
+//! - [`http`]: the axum gateway (Tenure v1 routes, health, readiness, metrics, OpenAPI).
+//! - [`metrics`]: metric names and the Prometheus exporter.
+//! - [`dev`], [`certs`]: the `tenure dev` and `tenure certs` commands.
+//!
+//! Must not depend on: anything above it (client library, loadgen, tests).
+
+// `WireError` (about 150 bytes) is the error of most request paths and is returned by value on
+// purpose: it crosses tasks and the wire unchanged, and boxing it would allocate on every refusal.
+#![allow(clippy::result_large_err)]
+
+pub mod auth;
+pub mod certs;
+pub mod client_server;
+pub mod clock;
+pub mod config;
+pub mod dev;
+pub mod error;
+pub mod forward;
+pub mod group;
+pub mod http;
+pub mod identity;
+pub mod metrics;
+pub mod node;
+pub mod service;
+
+pub use config::ServerConfig;
+pub use error::ServerError;
+pub use node::Node;
+pub use service::{RequestContext, Service};

@@ -1,0 +1,346 @@
+//! `tenure`: the node binary and its tools.
+//!
+//! - `tenure serve --config FILE`: runs one node until SIGINT or SIGTERM, then hands off its
+//!   groups' leadership and exits.
+//! - `tenure dev [...]`: a local cluster of node processes (see `tenure_server::dev`).
+//! - `tenure certs`: the cluster CA and node certificates (see `tenure_server::certs`).
+//! - `tenure config-check --config FILE`: validates a configuration and prints it in full.
+//! - `tenure hash-token TOKEN`: the SHA-256 a configuration stores for a bearer token.
+//!
+//! Exit codes: 0 success, 2 unusable configuration or command line, 1 any other failure.
+//!
+//! Must not depend on: anything but the `tenure_server` library's public API (all behaviour lives
+//! there; this file parses the command line and reports errors).
+
+use std::io::{IsTerminal, Read, Write};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tenure_server::{Node, ServerError, certs, config, dev};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{error, info};
+use tracing_subscriber::EnvFilter;
+
+/// The tenure lease service node.
+#[derive(Debug, Parser)]
+#[command(name = "tenure", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run a node.
+    Serve {
+        /// The node's configuration file (TOML; see ops/config/tenure.example.toml).
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Run a local development cluster of node processes on 127.0.0.1 (INSECURE: principal
+    /// headers are trusted without authentication).
+    Dev(DevArgs),
+    /// Generate the cluster CA and node certificates (never overwrites).
+    Certs(CertsArgs),
+    /// Validate a configuration file and print the effective configuration, defaults included.
+    ConfigCheck {
+        /// The configuration file.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Print the SHA-256 of a bearer token, for `[[auth.tokens]] sha256 = ...`. Pass `-` to read
+    /// the token from standard input (keeps it out of the shell history).
+    HashToken {
+        /// The token, or `-`.
+        token: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct DevArgs {
+    /// The cluster's directory; running again on it restarts the same cluster.
+    #[arg(long, value_name = "DIR", default_value = dev::DEFAULT_DIR)]
+    data_dir: PathBuf,
+    /// Number of nodes [default: 3, or the directory's recorded value].
+    #[arg(long)]
+    nodes: Option<u32>,
+    /// Number of groups [default: 64, or the directory's recorded value].
+    #[arg(long)]
+    groups: Option<u32>,
+    /// Node N listens on BASE+N (QUIC) and BASE+100+N (HTTP); 0 picks free ports [default: 7400,
+    /// or the directory's recorded value].
+    #[arg(long, value_name = "BASE")]
+    base_port: Option<u16>,
+    /// Whether nodes fsync before acknowledging [default: true, or the recorded value].
+    #[arg(long, value_name = "BOOL")]
+    fsync: Option<bool>,
+    /// Stop by itself this many seconds after the cluster is ready.
+    #[arg(long, value_name = "SECONDS")]
+    duration_s: Option<u64>,
+    /// Give up if the cluster is not ready within this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+    ready_timeout_s: u64,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["config", "nodes"])))]
+struct CertsArgs {
+    /// Issue certificates for every peer of this configuration (IP SANs from their addresses,
+    /// the configuration's cluster name). Without --out, writes into the directory of its
+    /// `tls.ca_cert`.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["cluster", "ip"])]
+    config: Option<PathBuf>,
+    /// Issue certificates for these node ids (comma-separated), without a configuration.
+    #[arg(long, value_name = "IDS", value_delimiter = ',', requires = "out")]
+    nodes: Option<Vec<u64>>,
+    /// The output directory (created if missing).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// The cluster name (with --nodes).
+    #[arg(long, value_name = "NAME", default_value = "tenure")]
+    cluster: String,
+    /// IP addresses every node certificate is valid for (with --nodes; repeat or comma-separate).
+    #[arg(
+        long,
+        value_name = "IP",
+        value_delimiter = ',',
+        default_value = "127.0.0.1"
+    )]
+    ip: Vec<IpAddr>,
+}
+
+/// A failure and the exit code it deserves.
+struct Failure {
+    code: u8,
+    error: anyhow::Error,
+}
+
+impl Failure {
+    fn config(error: impl Into<anyhow::Error>) -> Self {
+        Failure {
+            code: 2,
+            error: error.into(),
+        }
+    }
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(error: E) -> Self {
+        Failure {
+            code: 1,
+            error: error.into(),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tenure: cannot start the async runtime: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("tenure: {}", describe(&failure.error));
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// The error and its causes, each cause left out when the message so far already says it (the
+/// library's errors include their source's text).
+fn describe(error: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
+}
+
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+async fn run(command: Cmd) -> Result<(), Failure> {
+    match command {
+        Cmd::Serve { config } => serve(&config).await,
+        Cmd::Dev(args) => run_dev(args).await,
+        Cmd::Certs(args) => run_certs(args),
+        Cmd::ConfigCheck { config } => config_check(&config),
+        Cmd::HashToken { token } => hash_token(&token),
+    }
+}
+
+fn print(text: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .context("writing to standard output")?;
+    Ok(())
+}
+
+async fn serve(path: &Path) -> Result<(), Failure> {
+    let config = config::load(path).map_err(Failure::config)?;
+    let node_id = config.node_id;
+    // Listen before starting, so a signal during start-up is not lost.
+    let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let node = match Node::start(config).await {
+        Ok(node) => node,
+        Err(error @ ServerError::Config(_)) => return Err(Failure::config(error)),
+        Err(error) => {
+            return Err(anyhow::Error::new(error)
+                .context(format!("node {node_id}"))
+                .into());
+        }
+    };
+    info!(
+        node = node_id,
+        client = %node.client_addr(),
+        http = %node.http_addr(),
+        "node started"
+    );
+    let received = tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    };
+    info!(
+        node = node_id,
+        "{received}: handing off leadership and stopping"
+    );
+    let stopping = tokio::spawn(node.shutdown_gracefully());
+    tokio::select! {
+        joined = stopping => {
+            if let Err(error) = joined {
+                error!(node = node_id, "shutdown failed: {error}");
+                return Err(anyhow::anyhow!("shutdown failed: {error}").into());
+            }
+        }
+        _ = interrupt.recv() => {
+            error!(node = node_id, "second SIGINT: exiting without finishing the shutdown");
+            return Err(anyhow::anyhow!("interrupted during shutdown").into());
+        }
+    }
+    info!(node = node_id, "stopped");
+    Ok(())
+}
+
+async fn run_dev(args: DevArgs) -> Result<(), Failure> {
+    let options = dev::DevOptions {
+        data_dir: args.data_dir,
+        nodes: args.nodes,
+        groups: args.groups,
+        base_port: args.base_port,
+        fsync: args.fsync,
+        duration: args.duration_s.map(Duration::from_secs),
+        ready_timeout: Duration::from_secs(args.ready_timeout_s),
+        executable: None,
+    };
+    match dev::run(options).await {
+        Ok(()) => Ok(()),
+        Err(error @ (dev::DevError::Options(_) | dev::DevError::Config(_))) => {
+            Err(Failure::config(error))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+fn run_certs(args: CertsArgs) -> Result<(), Failure> {
+    let (paths, config) = if let Some(path) = &args.config {
+        let config = config::load(path).map_err(Failure::config)?;
+        let paths = certs::generate_for_config(&config, args.out.as_deref())?;
+        (paths, Some(config))
+    } else {
+        let nodes = args.nodes.unwrap_or_default();
+        let out = args
+            .out
+            .as_deref()
+            .ok_or_else(|| Failure::config(anyhow::anyhow!("--nodes needs --out DIR")))?;
+        let ips = if args.ip.is_empty() {
+            vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]
+        } else {
+            args.ip.clone()
+        };
+        (certs::generate(out, &args.cluster, &nodes, &ips)?, None)
+    };
+    let mut text = String::new();
+    text.push_str(&format!("wrote {}\n", paths.ca_cert.display()));
+    text.push_str(&format!(
+        "wrote {} (the CA key: keep it offline; nodes do not need it)\n",
+        paths.ca_key.display()
+    ));
+    for (_, cert, key) in &paths.nodes {
+        text.push_str(&format!("wrote {}\n", cert.display()));
+        text.push_str(&format!("wrote {}\n", key.display()));
+    }
+    print(&text)?;
+    if let Some(config) = config {
+        for (field, configured, written) in certs::mismatched_tls_paths(&config, &paths) {
+            eprintln!(
+                "tenure: note: the configuration's {field} is {}, the file written is {}",
+                configured.display(),
+                written.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn config_check(path: &Path) -> Result<(), Failure> {
+    let config = config::load(path).map_err(Failure::config)?;
+    let text = config.to_toml().map_err(Failure::config)?;
+    print(&format!(
+        "# {}: valid. Effective configuration (defaults filled in, paths resolved):\n{text}",
+        path.display()
+    ))?;
+    if config.auth.insecure_dev_mode {
+        eprintln!(
+            "tenure: warning: auth.insecure_dev_mode is on: principal headers are trusted without \
+             authentication"
+        );
+    }
+    Ok(())
+}
+
+fn hash_token(token: &str) -> Result<(), Failure> {
+    let token = if token == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("reading the token from standard input")?;
+        text.trim_end_matches(['\r', '\n']).to_owned()
+    } else {
+        token.to_owned()
+    };
+    if token.is_empty() {
+        return Err(Failure::config(anyhow::anyhow!("the token is empty")));
+    }
+    print(&format!(
+        "{}\n",
+        tenure_server::auth::token_sha256_hex(&token)
+    ))
+}

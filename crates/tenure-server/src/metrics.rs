@@ -1,0 +1,73 @@
+//! Metric names (all prefixed `tenure_`) and the process-wide Prometheus exporter.
+//!
+//! Counters and histograms are recorded where things happen through the `metrics` crate's
+//! macros; gauges that summarise state (groups led, active leases, apply lag, storage and
+//! transport counters) are refreshed once a second by the node. `GET /metrics` renders the text
+//! exposition from the handle installed here.
+//!
+//! Must not depend on: the groups or the wire; this module only names and exports.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Client requests by `op` and `result` (`ok` or an error code).
+pub const REQUESTS_TOTAL: &str = "tenure_requests_total";
+/// Request latency in seconds by `op`.
+pub const REQUEST_DURATION_SECONDS: &str = "tenure_request_duration_seconds";
+/// Requests forwarded to another node, by `op`.
+pub const REQUESTS_FORWARDED_TOTAL: &str = "tenure_requests_forwarded_total";
+/// Requests in flight on this node.
+pub const REQUESTS_INFLIGHT: &str = "tenure_requests_inflight";
+/// Log entries proposed carrying lease operations.
+pub const RAFT_PROPOSALS_TOTAL: &str = "tenure_raft_proposals_total";
+/// Lease operations proposed (many per entry).
+pub const RAFT_PROPOSED_OPS_TOTAL: &str = "tenure_raft_proposed_ops_total";
+/// Lease operations per proposed entry.
+pub const RAFT_OPS_PER_ENTRY: &str = "tenure_raft_ops_per_entry";
+/// Lease entries committed and applied.
+pub const RAFT_COMMITS_TOTAL: &str = "tenure_raft_commits_total";
+/// Entries committed but not yet applied, summed over hosted groups.
+pub const APPLY_LAG_ENTRIES: &str = "tenure_apply_lag_entries";
+/// Groups this node leads.
+pub const GROUPS_LED: &str = "tenure_groups_led";
+/// Groups this node hosts.
+pub const GROUPS_HOSTED: &str = "tenure_groups_hosted";
+/// Active leases in the groups this node leads.
+pub const ACTIVE_LEASES: &str = "tenure_active_leases";
+/// Leases reclaimed by Expire commands (and by acquires that reclaimed first) this node proposed.
+pub const EXPIRATIONS_TOTAL: &str = "tenure_expirations_total";
+/// WAL syncs of this node's storage.
+pub const FSYNCS_TOTAL: &str = "tenure_fsyncs_total";
+/// Log entries made durable per WAL sync (since start).
+pub const ENTRIES_PER_FSYNC: &str = "tenure_entries_per_fsync";
+/// Peer transport frames sent.
+pub const TRANSPORT_FRAMES_TOTAL: &str = "tenure_transport_frames_total";
+/// Raft messages sent over the peer transport.
+pub const TRANSPORT_MESSAGES_TOTAL: &str = "tenure_transport_messages_total";
+/// Raft messages per transport frame (since start).
+pub const TRANSPORT_MESSAGES_PER_FRAME: &str = "tenure_transport_messages_per_frame";
+/// Leadership transfers this node started to balance leaders or to shut down.
+pub const LEADER_TRANSFERS_TOTAL: &str = "tenure_leader_transfers_total";
+/// Renewals carried by one client request (Batch requests count each item).
+pub const RENEWALS_PER_REQUEST: &str = "tenure_renewals_per_request";
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder once and returns its handle (`None` when
+/// another recorder was installed first).
+pub fn install() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(&[
+                    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+                ])
+                .ok()?
+                .build_recorder();
+            let handle = recorder.handle();
+            ::metrics::set_global_recorder(recorder).ok()?;
+            Some(handle)
+        })
+        .clone()
+}
