@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tenure_transport::GroupTiming;
 
-/// Largest number of groups a cluster may have.
-pub const GROUPS_MAX: u32 = 65_536;
+/// Largest number of groups a cluster may have: the placement map's slot count
+/// (`tenure_core::SLOT_COUNT_DEFAULT`), since every group needs at least one slot.
+pub const GROUPS_MAX: u32 = tenure_core::SLOT_COUNT_DEFAULT;
 /// Largest `limits.ops_per_entry_max`.
 pub const OPS_PER_ENTRY_CEILING: u32 = 4_096;
 /// Largest magnitude of `testing.clock_rate_ppm` (10%).
@@ -119,7 +120,7 @@ pub struct TimingConfig {
     pub expire_commands_per_s_max: u32,
     /// Snapshot a group after this many applied entries. Default 10000.
     pub snapshot_every_entries: u64,
-    /// How often leadership balance is checked, in milliseconds (0 = never). Default 5000.
+    /// How often leadership balance is checked, in milliseconds (0 = never). Default 2000.
     pub rebalance_interval_ms: u64,
 }
 
@@ -133,7 +134,7 @@ impl Default for TimingConfig {
             expire_batch_max: 1_024,
             expire_commands_per_s_max: 20,
             snapshot_every_entries: 10_000,
-            rebalance_interval_ms: 5_000,
+            rebalance_interval_ms: 2_000,
         }
     }
 }
@@ -980,26 +981,15 @@ node_key = "certs/node-1.key"
         assert_eq!(error.field(), Some("tls.node_key"), "{error}");
 
         // A file of tables only, missing a root field.
-        let text = MINIMAL.replace("node_id = 1\ndata_dir = \"data\"\n", "");
-        let text = format!("{}\ndata_dir = \"d\"\nnode_id = 1\n", text.trim_start()).replacen(
-            "node_id = 1\n",
-            "",
-            1,
-        );
-        let error = parse(&text, "tables.toml").unwrap_err();
+        let peers = "[peers.1]\naddr = \"127.0.0.1:1\"\nhttp_addr = \"127.0.0.1:2\"\n";
+        let tls = "[tls]\nca_cert = \"a\"\nnode_cert = \"b\"\nnode_key = \"c\"\n";
+        let error = parse(&format!("{peers}{tls}"), "tables.toml").unwrap_err();
         assert_eq!(error.field(), Some("node_id"), "{error}");
 
-        let text = MINIMAL.replace(
-            "[tls]\nca_cert = \"certs/ca.pem\"\nnode_cert = \"certs/node-1.pem\"\nnode_key = \"certs/node-1.key\"\n",
-            "tls = { ca_cert = \"a\", node_cert = \"b\" }\n",
+        // An inline table missing a field.
+        let text = format!(
+            "node_id = 1\ndata_dir = \"d\"\ntls = {{ ca_cert = \"a\", node_cert = \"b\" }}\n{peers}"
         );
-        let text = text.replace(
-            "node_id = 1\n",
-            "node_id = 1\ntls = { ca_cert = \"a\", node_cert = \"b\" }\n",
-        );
-        let text = text
-            .rsplit_once("tls = {")
-            .map_or(text.clone(), |(head, _)| head.to_owned());
         let error = parse(&text, "inline.toml").unwrap_err();
         assert_eq!(error.field(), Some("tls.node_key"), "{error}");
 

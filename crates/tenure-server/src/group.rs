@@ -8,6 +8,15 @@
 //! is its monotonic reading when it saw itself leader. Log time therefore continues from the
 //! log; a failover can only lengthen leases. Proposals wait until that base is known.
 //!
+//! Reads use openraft's `ReadPolicy::ReadIndex`: the leader confirms with a quorum round that it
+//! still leads, then waits until its state machine has applied up to the commit index it saw when
+//! the read began, and evaluates expiry at its current log time. ReadIndex does not rest on clocks
+//! at all, unlike `LeaseRead`, whose safety would need the leader-lease window to stay shorter
+//! than the election timeout after rate drift (`max_drift`, 1%) on both sides; we pay one quorum
+//! round per read to keep reads independent of the drift
+//! bound. Log time itself can only run slow after a failover, so a Get never shows a lease
+//! expired before its holder's safe deadline.
+//!
 //! Batching: lease operations for the group queue in a bounded channel; one proposer task takes
 //! everything queued (up to `ops_per_entry_max` operations and `ENTRY_BYTES_MAX` bytes) into one
 //! log entry, with at most `proposals_inflight_per_group_max` entries in flight. A client's

@@ -117,13 +117,8 @@ pub fn replicas_of(group: u32, node_ids: &[u64], replication_factor: u32) -> Vec
 
 /// The group limits a node's configuration asks for.
 pub fn desired_limits(config: &ServerConfig) -> GroupLimits {
-    let ttl_ms_min = if config.limits.ttl_ms_min == 0 {
-        config.timing.election_timeout_max_ms.saturating_mul(3) / 2
-    } else {
-        config.limits.ttl_ms_min
-    };
     GroupLimits {
-        ttl_ms_min,
+        ttl_ms_min: config.effective_ttl_ms_min(),
         ttl_ms_max: config.limits.ttl_ms_max,
         expire_batch_max: config.timing.expire_batch_max,
         ..GroupLimits::default()
