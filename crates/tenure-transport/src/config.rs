@@ -129,8 +129,10 @@ pub struct GroupTiming {
 /// Defaults measured on a 2-core machine with 3 nodes x 256 groups (`transport_cluster`): a
 /// heartbeat every 400 ms (at least 2.5 per minimum election timeout), a 150 ms tick (openraft's
 /// own check requires `tick * 64 / 13 + heartbeat_min_interval + tick < election_timeout_min`),
-/// elections after 1.0-1.5 s. The lease contract's `ttl_ms_min` follows from the maximum election
-/// timeout (1.5 x 1500 ms = 2250 ms).
+/// elections after 1.0-1.5 s. Because openraft's followers refuse votes for `election_timeout_max`
+/// after hearing from a leader (its leader lease), a failover can take up to about twice the
+/// maximum election timeout; the server derives the lease contract's `ttl_ms_min` from that
+/// (1.5 x 2 x 1500 ms = 4500 ms).
 impl Default for GroupTiming {
     fn default() -> Self {
         Self {
