@@ -964,25 +964,43 @@ async fn acquire(
         ttl_ms,
         request_id: body.request_id,
     };
-    match state
-        .call(&caller, false, RequestBody::Acquire(request))
-        .await?
-    {
-        ResponseBody::Lease(result) => match result.reply {
-            LeaseReply::Acquired(grant) => Ok(axum::Json(grant_json(
-                grant,
-                arrived,
-                result.replayed,
-                result.group_id,
-                false,
-            ))
-            .into_response()),
+    grant_call(
+        &state,
+        &caller,
+        RequestBody::Acquire(request),
+        false,
+        arrived,
+    )
+    .await
+}
+
+/// Calls the service with an Acquire (`renewed == false`) or a Renew and shapes the grant.
+async fn grant_call(
+    state: &AppState,
+    caller: &Caller,
+    body: RequestBody,
+    renewed: bool,
+    arrived: SystemTime,
+) -> Result<Response, ApiError> {
+    let op = body.op_name();
+    match state.call(caller, false, body).await? {
+        ResponseBody::Lease(result) => match (result.reply, renewed) {
+            (LeaseReply::Acquired(grant), false) | (LeaseReply::Renewed(grant), true) => {
+                Ok(axum::Json(grant_json(
+                    grant,
+                    arrived,
+                    result.replayed,
+                    result.group_id,
+                    renewed,
+                ))
+                .into_response())
+            }
             _ => Err(ApiError::new(
                 ErrorCode::Internal,
-                "the service answered acquire with another operation's reply",
+                format!("the service answered {op} with another operation's reply"),
             )),
         },
-        other => Err(unexpected("acquire", &other)),
+        other => Err(unexpected(op, &other)),
     }
 }
 
@@ -1001,26 +1019,7 @@ async fn renew(
         ttl_ms,
         request_id: body.request_id,
     };
-    match state
-        .call(&caller, false, RequestBody::Renew(request))
-        .await?
-    {
-        ResponseBody::Lease(result) => match result.reply {
-            LeaseReply::Renewed(grant) => Ok(axum::Json(grant_json(
-                grant,
-                arrived,
-                result.replayed,
-                result.group_id,
-                true,
-            ))
-            .into_response()),
-            _ => Err(ApiError::new(
-                ErrorCode::Internal,
-                "the service answered renew with another operation's reply",
-            )),
-        },
-        other => Err(unexpected("renew", &other)),
-    }
+    grant_call(&state, &caller, RequestBody::Renew(request), true, arrived).await
 }
 
 async fn release(

@@ -11,6 +11,7 @@
 //! Module map:
 //! - [`config`]: the TOML configuration, defaults, validation.
 //! - [`identity`]: the data directory's owner (a directory of another node is refused).
+//! - [`admission`]: in-flight bounds per node and tenant; renewals ahead of acquires.
 //! - [`auth`]: bearer tokens -> principals; tenant checks.
 //! - [`clock`]: the monotonic clock abstraction (and its skewed test variant).
 //! - [`group`]: one hosted group: its leader clock, proposal batching, reads.
@@ -28,6 +29,7 @@
 // purpose: it crosses tasks and the wire unchanged, and boxing it would allocate on every refusal.
 #![allow(clippy::result_large_err)]
 
+pub mod admission;
 pub mod auth;
 pub mod certs;
 pub mod client_server;

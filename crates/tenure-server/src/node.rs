@@ -19,10 +19,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dashmap::DashMap;
 use openraft::impls::BasicNode;
 use tenure_core::{
     ErrorCode, GroupLimits, LeaseOp, LeaseOutcome, PlacementMap, SLOT_COUNT_DEFAULT, StateOptions,
@@ -40,6 +39,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::admission::{Admission, AdmissionLimits, RequestClass};
 use crate::auth::{Authenticator, check_tenant};
 use crate::client_server::ClientServer;
 use crate::clock::{MonotonicClock, SystemClock};
@@ -49,9 +49,6 @@ use crate::forward::Forwarder;
 use crate::group::{GroupHandle, GroupSettings, LeaderView};
 use crate::metrics as m;
 use crate::service::{Readiness, RequestContext, Service};
-
-/// Tenants with an in-flight counter kept at most; idle counters are dropped beyond it.
-const TENANT_COUNTERS_MAX: usize = 65_536;
 
 /// Placement map version of a cluster created with a fixed group count.
 pub const PLACEMENT_VERSION: u64 = 1;
@@ -69,8 +66,7 @@ pub struct NodeShared {
     storage: NodeStorage,
     metrics_handle: Option<metrics_exporter_prometheus::PrometheusHandle>,
     shutting_down: AtomicBool,
-    inflight: AtomicU32,
-    tenant_inflight: DashMap<String, Arc<AtomicU32>>,
+    admission: Admission,
 }
 
 impl std::fmt::Debug for NodeShared {
@@ -287,8 +283,11 @@ impl Node {
             storage,
             metrics_handle: m::install(),
             shutting_down: AtomicBool::new(false),
-            inflight: AtomicU32::new(0),
-            tenant_inflight: DashMap::new(),
+            admission: Admission::new(AdmissionLimits {
+                node_max: config.limits.inflight_requests_max,
+                tenant_max: config.limits.tenant_inflight_requests_max,
+                acquire_percent: config.limits.acquire_inflight_percent,
+            }),
             config,
         });
         let service = Service {
@@ -540,52 +539,6 @@ impl NodeShared {
         error
     }
 
-    /// Admission: bounded in-flight requests per node and per tenant; acquires may use only part
-    /// of the node's budget so renewals are admitted ahead of them.
-    fn admit(self: &Arc<Self>, tenant: &str, acquire: bool) -> Result<AdmissionGuard, WireError> {
-        let limits = &self.config.limits;
-        let node_max = if acquire {
-            u64::from(limits.inflight_requests_max) * u64::from(limits.acquire_inflight_percent)
-                / 100
-        } else {
-            u64::from(limits.inflight_requests_max)
-        };
-        let current = self.inflight.fetch_add(1, Ordering::AcqRel);
-        if u64::from(current) >= node_max {
-            self.inflight.fetch_sub(1, Ordering::AcqRel);
-            let mut error = WireError::new(
-                ErrorCode::Overloaded,
-                format!("node has {current} requests in flight"),
-            );
-            error.retry_after_ms = Some(100);
-            return Err(error);
-        }
-        if self.tenant_inflight.len() > TENANT_COUNTERS_MAX {
-            self.tenant_inflight
-                .retain(|_, counter| counter.load(Ordering::Acquire) > 0);
-        }
-        let counter = self
-            .tenant_inflight
-            .entry(tenant.to_string())
-            .or_insert_with(|| Arc::new(AtomicU32::new(0)))
-            .clone();
-        let tenant_current = counter.fetch_add(1, Ordering::AcqRel);
-        if tenant_current >= limits.tenant_inflight_requests_max {
-            counter.fetch_sub(1, Ordering::AcqRel);
-            self.inflight.fetch_sub(1, Ordering::AcqRel);
-            let mut error = WireError::new(
-                ErrorCode::RateLimited,
-                format!("tenant {tenant:?} has {tenant_current} requests in flight"),
-            );
-            error.retry_after_ms = Some(100);
-            return Err(error);
-        }
-        Ok(AdmissionGuard {
-            node: self.clone(),
-            tenant: counter,
-        })
-    }
-
     pub(crate) async fn handle(
         self: &Arc<Self>,
         ctx: RequestContext,
@@ -652,7 +605,7 @@ impl NodeShared {
             RequestBody::Get { key } => {
                 check_tenant(&ctx.principal, &key.tenant_id)?;
                 key.validate().map_err(WireError::from_lease_error)?;
-                let _admitted = self.admit(&key.tenant_id, false)?;
+                let _admitted = self.admission.admit(&key.tenant_id, RequestClass::Other)?;
                 let group = self.placement.group_of(&key.tenant_id, &key.resource_id).0;
                 if let Some(handle) = self.group(group) {
                     if handle.is_ready_leader() {
@@ -685,7 +638,9 @@ impl NodeShared {
                         self.config.groups
                     )));
                 }
-                let _admitted = self.admit(&request.tenant_id, false)?;
+                let _admitted = self
+                    .admission
+                    .admit(&request.tenant_id, RequestClass::Other)?;
                 if let Some(handle) = self.group(group_id) {
                     if handle.is_ready_leader() {
                         let now = handle.linearizable_read_time(ctx.timeout).await?;
@@ -750,7 +705,12 @@ impl NodeShared {
             return Err(crate::service::invalid("no operation"));
         };
         let tenant = ctx.principal.tenant_id.clone();
-        let _admitted = self.admit(&tenant, acquire)?;
+        let class = if acquire {
+            RequestClass::Acquire
+        } else {
+            RequestClass::Other
+        };
+        let _admitted = self.admission.admit(&tenant, class)?;
         if let Some(handle) = self.group(group) {
             if handle.is_ready_leader() {
                 let result = handle.propose(ops.clone(), ctx.timeout).await;
@@ -782,19 +742,6 @@ impl NodeShared {
             .filter(|(node, _)| *node != self.config.node_id && self.transport.is_connected(*node))
             .max_by_key(|(_, matched)| *matched)
             .map(|(node, _)| node)
-    }
-}
-
-/// Releases its admission slots when dropped.
-struct AdmissionGuard {
-    node: Arc<NodeShared>,
-    tenant: Arc<AtomicU32>,
-}
-
-impl Drop for AdmissionGuard {
-    fn drop(&mut self) {
-        self.tenant.fetch_sub(1, Ordering::AcqRel);
-        self.node.inflight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -923,8 +870,7 @@ async fn run_gauges(shared: Arc<NodeShared>) {
         ::metrics::gauge!(m::GROUPS_HOSTED).set(hosted as f64);
         ::metrics::gauge!(m::ACTIVE_LEASES).set(active as f64);
         ::metrics::gauge!(m::APPLY_LAG_ENTRIES).set(lag as f64);
-        ::metrics::gauge!(m::REQUESTS_INFLIGHT)
-            .set(f64::from(shared.inflight.load(Ordering::Relaxed)));
+        ::metrics::gauge!(m::REQUESTS_INFLIGHT).set(f64::from(shared.admission.inflight()));
         let storage = shared.storage.stats();
         ::metrics::counter!(m::FSYNCS_TOTAL).absolute(storage.fsyncs);
         if storage.fsyncs > 0 {
