@@ -638,3 +638,50 @@ async fn serve_refuses_a_data_dir_of_another_node() {
         .unwrap();
     assert_eq!(identity.node_id, 1);
 }
+
+/// More nodes than replicas (5 nodes, replication factor 3): each node hosts only some groups,
+/// learns the leaders of the others from its peers, and still answers any key by forwarding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_three_replicas_route_every_key_through_every_node() {
+    let cluster = ProcessCluster::start_ready(ClusterOptions {
+        nodes: 5,
+        groups: 10,
+        ..ClusterOptions::default()
+    })
+    .await;
+    // Readiness already needs a known leader for every group; check each node's table too.
+    for id in 1..=5u64 {
+        let leaders = cluster.leaders(id).await.expect("routing");
+        assert_eq!(leaders.len(), 10);
+        assert!(
+            leaders.iter().all(|leader| leader.leader.is_some()),
+            "node {id} lacks a leader: {leaders:?}"
+        );
+    }
+    let mut clients = Vec::new();
+    for id in 1..=5u64 {
+        clients.push(cluster.client(id).await);
+    }
+    let mut groups_seen = std::collections::BTreeSet::new();
+    for (index, client) in clients.iter().enumerate() {
+        for k in 0..4 {
+            let resource = format!("rf3-{index}-{k}");
+            let acquired = client
+                .acquire(TENANT, &resource, "holder", LONG_TTL_MS, &format!("rq-{k}"))
+                .await
+                .unwrap_or_else(|e| panic!("acquire {resource} via node {}: {e}", index + 1));
+            groups_seen.insert(acquired.group_id);
+            // Read it back through the next node (which may not host the group).
+            let reader = &clients[(index + 1) % clients.len()];
+            let got = reader
+                .get(TENANT, &resource, forward())
+                .await
+                .unwrap_or_else(|e| panic!("get {resource} via node {}: {e}", index + 2));
+            assert_eq!(view_of(&got).status, LeaseStatus::Active);
+        }
+    }
+    println!(
+        "five nodes, replication factor 3: 20 acquires and reads through every node over {} groups",
+        groups_seen.len()
+    );
+}
