@@ -32,8 +32,8 @@ use openraft::ReadPolicy;
 use openraft::ServerState;
 use openraft::type_config::async_runtime::WatchReceiver;
 use tenure_core::{
-    ApplyOutput, Command, CommandResult, Entry, ErrorCode, GroupLimits, LeaseError, LeaseOp,
-    LeaseOutcome, LeaseView, ListPage, ListRequest, ResourceKey,
+    ApplyOutput, Command, CommandResult, Entry, ErrorCode, GroupLimits, LeaseOp, LeaseOutcome,
+    LeaseView, ListPage, ListRequest, ResourceKey,
 };
 use tenure_proto::client::WireError;
 use tenure_storage::GroupStateMachine;
@@ -639,9 +639,4 @@ fn distribute(
             }
         }
     }
-}
-
-/// A lease error as the state machine's outcome (used by callers mapping outcomes).
-pub fn outcome_error(error: LeaseError) -> WireError {
-    WireError::from_lease_error(error)
 }

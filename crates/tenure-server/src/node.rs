@@ -711,12 +711,18 @@ impl NodeShared {
             RequestClass::Other
         };
         let _admitted = self.admission.admit(&tenant, class)?;
+        let mut ops = ops;
         if let Some(handle) = self.group(group) {
             if handle.is_ready_leader() {
-                let result = handle.propose(ops.clone(), ctx.timeout).await;
-                match result {
+                // The proposal consumes the operations; keep a copy only when a lost leadership
+                // may still be answered by forwarding them.
+                let fallback = ctx.flags.forward.then(|| ops.clone());
+                match handle.propose(ops, ctx.timeout).await {
                     Ok(outcomes) => return lease_body(group, outcomes, batch),
-                    Err(error) if error.code == ErrorCode::NotLeader && ctx.flags.forward => {}
+                    Err(error) if error.code == ErrorCode::NotLeader => match fallback {
+                        Some(copy) => ops = copy,
+                        None => return Err(error),
+                    },
                     Err(error) => return Err(error),
                 }
             }
