@@ -143,6 +143,9 @@ pub enum RequestBody {
         /// The operations; all keys must map to the same group.
         ops: Vec<LeaseOp>,
     },
+    /// This node's view of its groups: roles, terms, log indexes and replication lag. Needs no
+    /// authentication (it shows no tenant data).
+    Status,
 }
 
 impl RequestBody {
@@ -157,6 +160,7 @@ impl RequestBody {
             RequestBody::Get { .. } => "get",
             RequestBody::List { .. } => "list",
             RequestBody::Batch { .. } => "batch",
+            RequestBody::Status => "status",
         }
     }
 }
@@ -185,6 +189,70 @@ pub enum ResponseBody {
     List(ListPage),
     /// One result per batch item, in order.
     Batch(Vec<Result<LeaseResult, WireError>>),
+    /// Status's answer.
+    Status(NodeStatus),
+}
+
+/// One node's view of itself and of the groups it hosts (the answer to [`RequestBody::Status`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// The node.
+    pub node_id: u64,
+    /// True when the node sees a leader for every group and is not shutting down.
+    pub ready: bool,
+    /// True once a graceful shutdown began.
+    pub shutting_down: bool,
+    /// Version of the node's placement map.
+    pub placement_version: u64,
+    /// Groups in the cluster.
+    pub groups: u32,
+    /// The groups this node hosts a replica of, by group id.
+    pub hosted: Vec<GroupStatus>,
+}
+
+/// One hosted group replica's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupStatus {
+    /// The group.
+    pub group_id: u32,
+    /// The leader this replica knows, if any.
+    pub leader: Option<u64>,
+    /// The replica's current Raft term.
+    pub term: u64,
+    /// True when this replica leads the group and accepts proposals.
+    pub is_leader: bool,
+    /// Index of the last entry in this replica's log.
+    pub last_log_index: u64,
+    /// Index of the last entry this replica knows committed.
+    pub committed_index: u64,
+    /// Index of the last entry applied to this replica's state machine.
+    pub applied_index: u64,
+    /// On the leader: each follower's matched log index (lag = `last_log_index - matched`).
+    pub followers: Vec<FollowerProgress>,
+}
+
+/// Replication progress of one follower, as its leader sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowerProgress {
+    /// The follower.
+    pub node_id: u64,
+    /// The last log index known replicated to it.
+    pub matched_index: u64,
+}
+
+impl ResponseBody {
+    /// Short name of the answer's kind, for errors and logs.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            ResponseBody::Authenticated(_) => "Authenticated",
+            ResponseBody::Routing(_) => "Routing",
+            ResponseBody::Lease(_) => "Lease",
+            ResponseBody::Get(_) => "Get",
+            ResponseBody::List(_) => "List",
+            ResponseBody::Batch(_) => "Batch",
+            ResponseBody::Status(_) => "Status",
+        }
+    }
 }
 
 /// A successful Acquire, Renew or Release.

@@ -374,6 +374,38 @@ impl GroupHandle {
         Some((last, matched))
     }
 
+    /// This replica's role, term, log indexes and (when it leads) its followers' progress.
+    pub fn status(&self) -> tenure_proto::client::GroupStatus {
+        let is_leader = self.is_ready_leader();
+        let view = self.leader_view();
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        let followers = metrics
+            .replication
+            .as_ref()
+            .map(|replication| {
+                replication
+                    .iter()
+                    .filter(|(node, _)| **node != self.node_id)
+                    .map(|(node, log_id)| tenure_proto::client::FollowerProgress {
+                        node_id: *node,
+                        matched_index: log_id.as_ref().map_or(0, |id| id.index),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        tenure_proto::client::GroupStatus {
+            group_id: self.group_id,
+            leader: view.leader,
+            term: metrics.current_term,
+            is_leader,
+            last_log_index: metrics.last_log_index.unwrap_or(0),
+            committed_index: metrics.local_committed.as_ref().map_or(0, |id| id.index),
+            applied_index: metrics.last_applied.as_ref().map_or(0, |id| id.index),
+            followers,
+        }
+    }
+
     /// Entries committed but not yet applied here.
     pub fn apply_lag_entries(&self) -> u64 {
         let metrics = self.raft.metrics();

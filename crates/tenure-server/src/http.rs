@@ -387,14 +387,7 @@ fn unauthorized(message: impl Into<String>) -> ApiError {
 }
 
 fn unexpected(op: &str, response: &ResponseBody) -> ApiError {
-    let kind = match response {
-        ResponseBody::Authenticated(_) => "Authenticated",
-        ResponseBody::Routing(_) => "Routing",
-        ResponseBody::Lease(_) => "Lease",
-        ResponseBody::Get(_) => "Get",
-        ResponseBody::List(_) => "List",
-        ResponseBody::Batch(_) => "Batch",
-    };
+    let kind = response.kind_name();
     ApiError::new(
         ErrorCode::Internal,
         format!("the service answered {op} with an unexpected {kind} response"),

@@ -9,7 +9,7 @@
 
 use std::sync::OnceLock;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Client requests by `op` and `result` (`ok` or an error code).
 pub const REQUESTS_TOTAL: &str = "tenure_requests_total";
@@ -63,6 +63,13 @@ pub fn install() -> Option<PrometheusHandle> {
                 .set_buckets(&[
                     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
                 ])
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full(RENEWALS_PER_REQUEST.to_string()),
+                    &[
+                        1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 4096.0,
+                    ],
+                )
                 .ok()?
                 .build_recorder();
             let handle = recorder.handle();

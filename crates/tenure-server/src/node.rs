@@ -27,8 +27,8 @@ use tenure_core::{
     ErrorCode, GroupLimits, LeaseOp, LeaseOutcome, PlacementMap, SLOT_COUNT_DEFAULT, StateOptions,
 };
 use tenure_proto::client::{
-    CLIENT_ALPN, GetResult, GroupLeader, LeaseResult, NodeAddress, Principal, RequestBody,
-    RequestFlags, ResponseBody, RoutingTable, WireError,
+    CLIENT_ALPN, GetResult, GroupLeader, LeaseResult, NodeAddress, NodeStatus, Principal,
+    RequestBody, RequestFlags, ResponseBody, RoutingTable, WireError,
 };
 use tenure_storage::{NodeStorage, StorageOptions};
 use tenure_transport::tls::NodeTls;
@@ -517,6 +517,20 @@ impl NodeShared {
         }
     }
 
+    fn node_status(&self) -> NodeStatus {
+        let readiness = self.readiness();
+        NodeStatus {
+            node_id: self.config.node_id,
+            ready: readiness.ready,
+            shutting_down: readiness.shutting_down,
+            placement_version: self.placement.version(),
+            groups: self.config.groups,
+            hosted: (0..self.config.groups)
+                .filter_map(|group| self.group(group).map(|handle| handle.status()))
+                .collect(),
+        }
+    }
+
     /// Fills routing errors with the leader's addresses and the placement version.
     fn decorate(&self, mut error: WireError) -> WireError {
         error.placement_version = self.placement.version();
@@ -568,6 +582,7 @@ impl NodeShared {
                 "Authenticate is a connection-level request of the QUIC protocol",
             )),
             RequestBody::Routing => Ok(ResponseBody::Routing(self.routing_table())),
+            RequestBody::Status => Ok(ResponseBody::Status(self.node_status())),
             RequestBody::Acquire(request) => {
                 self.lease_ops(ctx, vec![LeaseOp::Acquire(request)], false)
                     .await
