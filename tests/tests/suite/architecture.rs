@@ -83,54 +83,36 @@ fn tenure_core_depends_on_no_runtime_storage_network_or_randomness() {
 
 #[test]
 fn tenure_storage_depends_on_no_network_stack() {
-    let names = normal_dependencies("tenure-storage");
-    assert!(
-        names.iter().any(|n| n == "rocksdb"),
-        "cargo tree listed no rocksdb: {names:?}"
-    );
-    let forbidden = [
-        "quinn",
-        "quinn-proto",
-        "rustls",
-        "hyper",
-        "axum",
-        "tonic",
-        "reqwest",
-    ];
-    let found: Vec<_> = names
-        .iter()
-        .filter(|name| forbidden.contains(&name.as_str()))
-        .collect();
-    assert!(
-        found.is_empty(),
-        "tenure-storage must not depend on {found:?}"
+    assert_tree_excludes(
+        "tenure-storage",
+        "rocksdb",
+        &[
+            "quinn",
+            "quinn-proto",
+            "rustls",
+            "hyper",
+            "axum",
+            "tonic",
+            "reqwest",
+        ],
     );
 }
 
 #[test]
 fn tenure_proto_is_sans_io() {
-    let names = normal_dependencies("tenure-proto");
-    assert!(
-        names.iter().any(|n| n == "bytes"),
-        "cargo tree listed no bytes: {names:?}"
-    );
-    let forbidden = [
-        "tokio",
-        "mio",
-        "quinn",
-        "quinn-proto",
-        "rustls",
-        "openraft",
-        "rocksdb",
-        "tracing",
-    ];
-    let found: Vec<_> = names
-        .iter()
-        .filter(|name| forbidden.contains(&name.as_str()))
-        .collect();
-    assert!(
-        found.is_empty(),
-        "tenure-proto (wire formats only) must not depend on {found:?}"
+    assert_tree_excludes(
+        "tenure-proto",
+        "bytes",
+        &[
+            "tokio",
+            "mio",
+            "quinn",
+            "quinn-proto",
+            "rustls",
+            "openraft",
+            "rocksdb",
+            "tracing",
+        ],
     );
 }
 
@@ -179,5 +161,37 @@ fn tenure_core_source_reads_no_clock_environment_file_socket_or_thread() {
         violations.is_empty(),
         "tenure-core must stay pure:\n{}",
         violations.join("\n")
+    );
+}
+
+/// Asserts `package`'s normal dependency tree contains `expected` (so the tree was listed) and
+/// none of `forbidden`.
+fn assert_tree_excludes(package: &str, expected: &str, forbidden: &[&str]) {
+    let names = normal_dependencies(package);
+    assert!(
+        names.iter().any(|n| n == expected),
+        "cargo tree listed no {expected}: {names:?}"
+    );
+    let found: Vec<_> = names
+        .iter()
+        .filter(|name| forbidden.contains(&name.as_str()))
+        .collect();
+    assert!(found.is_empty(), "{package} must not depend on {found:?}");
+}
+
+#[test]
+fn tenure_client_depends_on_no_server_storage_or_raft() {
+    assert_tree_excludes(
+        "tenure-client",
+        "quinn",
+        &[
+            "tenure-server",
+            "tenure-storage",
+            "tenure-transport",
+            "openraft",
+            "rocksdb",
+            "librocksdb-sys",
+            "axum",
+        ],
     );
 }

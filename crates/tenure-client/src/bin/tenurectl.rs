@@ -1,0 +1,885 @@
+//! `tenurectl`: the command-line tool of tenure, for people and scripts. It acquires, renews,
+//! releases, reads and lists leases, and reports the cluster's status (nodes, leaders, lag), all
+//! through the `tenure-client` library over the native QUIC protocol.
+//!
+//! Output is aligned text (`-o table`, the default) or exactly one JSON object on stdout
+//! (`-o json`), also for errors (`{"error": {"code", "message", "retryable", ...}}`, with a
+//! one-line message on stderr as well).
+//!
+//! Exit codes (scripts rely on them):
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | success (`get` of a resource without a lease is a success: status `ABSENT`) |
+//! | 1 | any other error (invalid argument, forbidden, configuration, protocol) |
+//! | 2 | usage error (bad or missing options; clap's own code) |
+//! | 3 | `ALREADY_HELD`: the resource is held by someone else (the error names the holder) |
+//! | 4 | the lease is not held: `LEASE_EXPIRED`, `LEASE_MISMATCH`, `NOT_FOUND` |
+//! | 5 | retryable: deadline passed, cluster unreachable, `NOT_LEADER`, `UNAVAILABLE`, `OVERLOADED`, `RATE_LIMITED` |
+//!
+//! `acquire` takes a lease without a handle: nothing renews it after the command exits, so the
+//! caller renews it (`renew`) before its ttl runs out, or lets it expire. `safe_for_ms` is how
+//! long the holder may act (the contract's safe deadline, section 5); it is 0 when the answer
+//! replays an outcome of a caller-chosen `--request-id` (that outcome may be old).
+//!
+//! Must not depend on: any server crate (`tenure-server`, `tenure-storage`, `tenure-transport`)
+//! or RocksDB, nor on the library's internals. It uses only `tenure-client`'s public API and the
+//! types it re-exports, as any other program would.
+
+#![allow(clippy::print_stdout)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+use tenure_client::{
+    AcquireOptions, Client, ClientConfig, ClientError, Credentials, Endpoint, Grant, GroupStatus,
+    LeaseId, LeaseStatus, LeaseView, NodeStatus, ResourceKey,
+};
+
+/// Help heading of the options every subcommand accepts.
+const GLOBAL: &str = "Global options";
+
+const LONG_ABOUT: &str = "\
+tenurectl: acquire, renew, release, read and list tenure leases, and show the cluster's status.
+
+Point it at a cluster with --cluster FILE (the cluster.json `tenure dev` writes, e.g.
+tenure-dev/cluster.json) or with --endpoints LIST --ca-cert FILE. Without --token (or
+TENURE_TOKEN) it uses the insecure development principal (--principal), which only a
+development cluster accepts.
+
+`acquire` takes a lease without renewing it afterwards: renew it with `renew` before its ttl
+runs out, or let it expire.
+
+Output: aligned text (-o table, default) or one JSON object on stdout (-o json), also for
+errors: {\"error\": {\"code\", \"message\", \"retryable\", ...}}.
+
+Exit codes:
+  0  success (`get` of a resource without a lease is a success: status ABSENT)
+  1  other errors (INVALID_ARGUMENT, FORBIDDEN, configuration, protocol, ...)
+  2  usage error (bad or missing options)
+  3  ALREADY_HELD: the resource is held by someone else (the error names the holder and its
+     remaining ttl)
+  4  the lease is not held: LEASE_EXPIRED, LEASE_MISMATCH, NOT_FOUND
+  5  retryable: deadline exceeded, cluster unreachable, NOT_LEADER, UNAVAILABLE, OVERLOADED,
+     RATE_LIMITED (retry later; reuse --request-id so a retried write applies once)";
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(name = "tenurectl", version, about = "Acquire, renew, release, read and list tenure leases; show the cluster's status.", long_about = LONG_ABOUT)]
+struct Cli {
+    /// The cluster file `tenure dev` writes (nodes, groups, CA certificate).
+    #[arg(long, value_name = "FILE", global = true, help_heading = GLOBAL)]
+    cluster: Option<PathBuf>,
+    /// Nodes to contact first, comma-separated: host:port or id@host:port (QUIC client port).
+    #[arg(long, value_name = "LIST", global = true, help_heading = GLOBAL)]
+    endpoints: Option<String>,
+    /// PEM of the cluster CA (required with --endpoints).
+    #[arg(long, value_name = "FILE", global = true, help_heading = GLOBAL)]
+    ca_cert: Option<PathBuf>,
+    /// Bearer token of a principal in the cluster's [auth] table [env: TENURE_TOKEN].
+    #[arg(long, value_name = "TOKEN", global = true, help_heading = GLOBAL)]
+    token: Option<String>,
+    /// Principal named in insecure development mode (used when no token is given).
+    #[arg(long, value_name = "ID", default_value = "tenurectl", global = true, help_heading = GLOBAL)]
+    principal: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, global = true, help_heading = GLOBAL)]
+    output: Output,
+    /// Deadline of each call, retries included, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10_000, global = true, help_heading = GLOBAL,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    timeout_ms: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    /// Aligned text for people.
+    Table,
+    /// One JSON object on stdout.
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StatusFilter {
+    Active,
+    Expired,
+    Released,
+}
+
+impl StatusFilter {
+    fn status(self) -> LeaseStatus {
+        match self {
+            StatusFilter::Active => LeaseStatus::Active,
+            StatusFilter::Expired => LeaseStatus::Expired,
+            StatusFilter::Released => LeaseStatus::Released,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Acquire a lease (not renewed afterwards: use `renew` before the ttl runs out).
+    Acquire {
+        #[command(flatten)]
+        resource: ResourceArgs,
+        /// Who holds the lease.
+        #[arg(long, value_name = "HOLDER")]
+        holder: String,
+        /// Requested ttl in milliseconds (within the cluster's bounds).
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        ttl_ms: u64,
+        /// Request id for deduplication: a retry with the same id returns the original outcome
+        /// (`replayed`, with `safe_for_ms` 0 since its age is unknown).
+        #[arg(long, value_name = "ID")]
+        request_id: Option<String>,
+    },
+    /// Renew a lease (same lease id and fencing token, new expiry).
+    Renew {
+        #[command(flatten)]
+        resource: ResourceArgs,
+        /// The lease id (gggggggg-ssssssssssssssss).
+        #[arg(long, value_name = "LEASE_ID", value_parser = parse_lease_id)]
+        lease_id: LeaseId,
+        /// The holder the lease was granted to.
+        #[arg(long, value_name = "HOLDER")]
+        holder: String,
+        /// New ttl in milliseconds, counted from the renewal.
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        ttl_ms: u64,
+        /// Request id for deduplication.
+        #[arg(long, value_name = "ID")]
+        request_id: Option<String>,
+    },
+    /// Release a lease (the resource is free at once).
+    Release {
+        #[command(flatten)]
+        resource: ResourceArgs,
+        /// The lease id (gggggggg-ssssssssssssssss).
+        #[arg(long, value_name = "LEASE_ID", value_parser = parse_lease_id)]
+        lease_id: LeaseId,
+        /// The holder the lease was granted to.
+        #[arg(long, value_name = "HOLDER")]
+        holder: String,
+        /// Request id for deduplication.
+        #[arg(long, value_name = "ID")]
+        request_id: Option<String>,
+    },
+    /// Read a resource's lease (ACTIVE, EXPIRED, RELEASED or ABSENT).
+    Get {
+        #[command(flatten)]
+        resource: ResourceArgs,
+        /// Let any replica answer from its applied state (may be behind the leader).
+        #[arg(long)]
+        stale: bool,
+    },
+    /// List a tenant's leases across every group.
+    List {
+        /// The tenant.
+        #[arg(long, value_name = "TENANT")]
+        tenant: String,
+        /// Only leases with this status.
+        #[arg(long, value_enum)]
+        status: Option<StatusFilter>,
+        /// Most leases shown.
+        #[arg(long, value_name = "N", default_value_t = 100,
+              value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        limit: u64,
+    },
+    /// Show every node (reachable, ready, groups hosted and led, lag) and each group's leader.
+    Status,
+}
+
+#[derive(Debug, clap::Args)]
+struct ResourceArgs {
+    /// The tenant.
+    #[arg(long, value_name = "TENANT")]
+    tenant: String,
+    /// The resource.
+    #[arg(long, value_name = "RESOURCE")]
+    resource: String,
+}
+
+impl ResourceArgs {
+    fn key(&self) -> ResourceKey {
+        ResourceKey::new(self.tenant.clone(), self.resource.clone())
+    }
+}
+
+fn parse_lease_id(text: &str) -> Result<LeaseId, String> {
+    text.trim()
+        .parse::<LeaseId>()
+        .map_err(|error| error.to_string())
+}
+
+/// A command's result: an ordered list of fields (one JSON object, or aligned `name value`
+/// lines), or a text rendering of its own for tables.
+struct Report {
+    json: Value,
+    table: String,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(message) = check_usage(&cli) {
+        // Usage errors exit with clap's code (2) and its formatting.
+        Cli::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tenurectl: cannot start the async runtime: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let output = cli.output;
+    match runtime.block_on(run(cli)) {
+        Ok(report) => {
+            match output {
+                Output::Json => println!("{}", report.json),
+                Output::Table => print!("{}", report.table),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => report_error(&error, output),
+    }
+}
+
+fn check_usage(cli: &Cli) -> Result<(), String> {
+    match (&cli.cluster, &cli.endpoints, &cli.ca_cert) {
+        (Some(_), Some(_), _) => Err("use either --cluster or --endpoints, not both".into()),
+        (Some(_), None, Some(_)) => {
+            Err("--ca-cert goes with --endpoints (the cluster file names its CA)".into())
+        }
+        (None, Some(_), None) => Err("--endpoints needs --ca-cert FILE (the cluster CA)".into()),
+        (None, None, _) => Err(
+            "say where the cluster is: --cluster FILE (e.g. tenure-dev/cluster.json) or \
+             --endpoints LIST --ca-cert FILE"
+                .into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<Report> {
+    let timeout = Duration::from_millis(cli.timeout_ms);
+    let config = client_config(&cli, timeout)?;
+    // Connecting tries the endpoints one after another; the whole attempt gets the call deadline.
+    let client = match tokio::time::timeout(timeout, Client::connect(config)).await {
+        Ok(connected) => connected.context("connecting to the cluster")?,
+        Err(_) => {
+            return Err(anyhow::Error::new(ClientError::DeadlineExceeded {
+                timeout_ms: cli.timeout_ms,
+                attempts: 1,
+                last: "no node answered the routing request".into(),
+            })
+            .context("connecting to the cluster"));
+        }
+    };
+    let result = execute(&client, cli.command).await;
+    client.close().await;
+    result
+}
+
+fn client_config(cli: &Cli, timeout: Duration) -> anyhow::Result<ClientConfig> {
+    let token = cli.token.clone().or_else(|| {
+        std::env::var("TENURE_TOKEN")
+            .ok()
+            .filter(|token| !token.trim().is_empty())
+    });
+    let credentials = match token {
+        Some(token) => Credentials::Token(token.trim().to_string()),
+        None => Credentials::InsecureDev {
+            principal_id: cli.principal.clone(),
+        },
+    };
+    let mut config = match (&cli.cluster, &cli.endpoints, &cli.ca_cert) {
+        (Some(path), _, _) => ClientConfig::from_cluster_file(path, credentials)?,
+        (None, Some(list), Some(ca_cert)) => {
+            let endpoints = Endpoint::parse_list(list)?;
+            let ca_cert_pem = std::fs::read_to_string(ca_cert).map_err(|error| {
+                ClientError::Config(format!(
+                    "reading the CA certificate {}: {error}",
+                    ca_cert.display()
+                ))
+            })?;
+            ClientConfig::new(endpoints, ca_cert_pem, credentials)
+        }
+        _ => {
+            return Err(ClientError::Config(
+                "no cluster: --cluster FILE or --endpoints LIST --ca-cert FILE".into(),
+            )
+            .into());
+        }
+    };
+    config.call_timeout = timeout;
+    config.attempt_timeout = config.attempt_timeout.min(timeout);
+    Ok(config)
+}
+
+async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
+    match command {
+        Command::Acquire {
+            resource,
+            holder,
+            ttl_ms,
+            request_id,
+        } => {
+            let mut options = AcquireOptions::new(
+                resource.tenant,
+                resource.resource,
+                holder,
+                Duration::from_millis(ttl_ms),
+            )
+            .without_auto_renew();
+            options.request_id = request_id;
+            let grant = client.acquire_grant(options).await?;
+            Ok(fields_report(grant_fields(&grant)))
+        }
+        Command::Renew {
+            resource,
+            lease_id,
+            holder,
+            ttl_ms,
+            request_id,
+        } => {
+            let grant = client
+                .renew(
+                    resource.key(),
+                    lease_id,
+                    holder,
+                    Duration::from_millis(ttl_ms),
+                    request_id,
+                )
+                .await?;
+            Ok(fields_report(grant_fields(&grant)))
+        }
+        Command::Release {
+            resource,
+            lease_id,
+            holder,
+            request_id,
+        } => {
+            let receipt = client
+                .release(resource.key(), lease_id, holder, request_id)
+                .await?;
+            Ok(fields_report(vec![
+                ("tenant_id", json!(resource.tenant)),
+                ("resource_id", json!(resource.resource)),
+                ("lease_id", json!(receipt.lease_id.to_string())),
+                ("fencing_token", json!(receipt.fencing_token)),
+                ("released_at_ms", json!(receipt.released_at_ms)),
+                ("released", json!(true)),
+            ]))
+        }
+        Command::Get { resource, stale } => {
+            let key = resource.key();
+            let result = client.get_with(&key, stale).await?;
+            let mut fields = view_fields(&key, result.view.as_ref(), result.group_id);
+            fields.push(("log_time_ms", json!(result.log_time_ms)));
+            fields.push(("stale", json!(result.stale)));
+            Ok(fields_report(fields))
+        }
+        Command::List {
+            tenant,
+            status,
+            limit,
+        } => {
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            let leases = client
+                .list_all(&tenant, status.map(StatusFilter::status), limit)
+                .await?;
+            list_report(client, &leases).await
+        }
+        Command::Status => status_report(client).await,
+    }
+}
+
+// ----- leases -----
+
+/// The fields of a grant. `safe_for_ms` is the time left before the grant's safe deadline (0
+/// for a replay of a request id the caller chose: that outcome may come from an earlier
+/// invocation, and the lease may even have been released since; the library gives such a
+/// grant no safe window).
+fn grant_fields(grant: &Grant) -> Vec<(&'static str, Value)> {
+    let safe_for = grant
+        .safe_deadline
+        .saturating_duration_since(Instant::now());
+    vec![
+        ("tenant_id", json!(grant.key.tenant_id)),
+        ("resource_id", json!(grant.key.resource_id)),
+        ("holder_id", json!(grant.holder_id)),
+        ("lease_id", json!(grant.lease_id.to_string())),
+        ("fencing_token", json!(grant.fencing_token)),
+        ("ttl_ms", json!(grant.ttl_ms)),
+        ("group_id", json!(grant.group_id)),
+        ("log_time_ms", json!(grant.log_time_ms)),
+        ("expires_at_ms", json!(grant.expires_at_ms)),
+        ("safe_for_ms", json!(millis(safe_for))),
+        ("replayed", json!(grant.replayed)),
+        ("request_id", json!(grant.request_id)),
+    ]
+}
+
+/// The fields of a lease view; `view == None` is status `ABSENT` with null fields.
+fn view_fields(
+    key: &ResourceKey,
+    view: Option<&LeaseView>,
+    group_id: u32,
+) -> Vec<(&'static str, Value)> {
+    let field = |get: fn(&LeaseView) -> Value| view.map_or(Value::Null, get);
+    vec![
+        ("tenant_id", json!(key.tenant_id)),
+        ("resource_id", json!(key.resource_id)),
+        (
+            "status",
+            json!(view.map_or(LeaseStatus::Absent, |v| v.status).as_str()),
+        ),
+        ("holder_id", field(|v| json!(v.holder_id))),
+        ("lease_id", field(|v| json!(v.lease_id.to_string()))),
+        ("fencing_token", field(|v| json!(v.fencing_token))),
+        ("remaining_ttl_ms", field(|v| json!(v.remaining_ttl_ms))),
+        ("ttl_ms", field(|v| json!(v.ttl_ms))),
+        ("expires_at_ms", field(|v| json!(v.expires_at_ms))),
+        ("version", field(|v| json!(v.version))),
+        ("group_id", json!(group_id)),
+    ]
+}
+
+async fn list_report(client: &Client, leases: &[LeaseView]) -> anyhow::Result<Report> {
+    let mut objects = Vec::with_capacity(leases.len());
+    let mut rows = Vec::with_capacity(leases.len());
+    for lease in leases {
+        // The group the key maps to now (computed locally from the cached placement map).
+        let group_id = client.group_of(&lease.key).await?;
+        let fields = view_fields(&lease.key, Some(lease), group_id);
+        rows.push(vec![
+            lease.key.resource_id.clone(),
+            lease.status.as_str().to_string(),
+            lease.holder_id.clone(),
+            lease.lease_id.to_string(),
+            lease.fencing_token.to_string(),
+            lease.remaining_ttl_ms.to_string(),
+            lease.ttl_ms.to_string(),
+            lease.version.to_string(),
+            group_id.to_string(),
+        ]);
+        objects.push(object(fields));
+    }
+    let mut table = render_table(
+        &[
+            "RESOURCE",
+            "STATUS",
+            "HOLDER",
+            "LEASE_ID",
+            "TOKEN",
+            "REMAINING_MS",
+            "TTL_MS",
+            "VERSION",
+            "GROUP",
+        ],
+        &rows,
+    );
+    table.push_str(&format!("{} lease(s)\n", leases.len()));
+    Ok(Report {
+        json: json!({ "leases": objects, "count": leases.len() }),
+        table,
+    })
+}
+
+// ----- status -----
+
+/// One node's line of the status report.
+struct NodeReport {
+    node_id: u64,
+    client_addr: String,
+    http_url: String,
+    status: Result<NodeStatus, ClientError>,
+}
+
+async fn status_report(client: &Client) -> anyhow::Result<Report> {
+    client
+        .refresh_routing()
+        .await
+        .context("fetching the routing table")?;
+    let routing = client.routing();
+    // Ask every node at once: an unreachable node costs one attempt timeout, not one per node.
+    let mut asks = tokio::task::JoinSet::new();
+    for node in &routing.nodes {
+        let client = client.clone();
+        let node = node.clone();
+        asks.spawn(async move {
+            NodeReport {
+                node_id: node.node_id,
+                client_addr: node.addr.to_string(),
+                http_url: node.http_url.clone(),
+                status: client.node_status(node.node_id).await,
+            }
+        });
+    }
+    let mut nodes = Vec::new();
+    while let Some(joined) = asks.join_next().await {
+        nodes.push(joined.context("a status request task failed")?);
+    }
+    nodes.sort_by_key(|node| node.node_id);
+
+    let mut leaders_per_node: BTreeMap<u64, Vec<u32>> = nodes
+        .iter()
+        .map(|node| (node.node_id, Vec::new()))
+        .collect();
+    let mut leaders = Vec::new();
+    let mut without_leader = Vec::new();
+    for (group_id, &(leader, term)) in (0u32..).zip(routing.leaders.iter()) {
+        leaders.push(json!({ "group_id": group_id, "leader": leader, "term": term }));
+        match leader {
+            Some(node) => leaders_per_node.entry(node).or_default().push(group_id),
+            None => without_leader.push(group_id),
+        }
+    }
+
+    // The routing table is one node's view: a leader that just became unreachable is still
+    // named until an election replaces it. Those groups are reported apart.
+    let unreachable: Vec<u64> = nodes
+        .iter()
+        .filter(|node| node.status.is_err())
+        .map(|node| node.node_id)
+        .collect();
+    let unreachable_leader: Vec<u32> = leaders_per_node
+        .iter()
+        .filter(|(node, _)| unreachable.contains(node))
+        .flat_map(|(_, groups)| groups.iter().copied())
+        .collect();
+
+    let node_objects: Vec<Value> = nodes.iter().map(node_json).collect();
+    let json = json!({
+        "placement_version": routing.placement_version,
+        "groups": routing.groups,
+        "nodes": node_objects,
+        "leaders": leaders,
+        "groups_without_leader": without_leader,
+        "groups_with_unreachable_leader": unreachable_leader,
+        "leaders_per_node": leaders_per_node
+            .iter()
+            .map(|(node, groups)| (node.to_string(), json!(groups.len())))
+            .collect::<serde_json::Map<String, Value>>(),
+    });
+
+    let mut table = format!(
+        "placement version {}, {} groups, {} nodes\n\n",
+        routing.placement_version,
+        routing.groups,
+        nodes.len()
+    );
+    let rows: Vec<Vec<String>> = nodes.iter().map(node_row).collect();
+    table.push_str(&render_table(
+        &[
+            "NODE",
+            "CLIENT",
+            "HTTP",
+            "REACHABLE",
+            "READY",
+            "HOSTED",
+            "LED",
+            "APPLY_LAG",
+            "REPL_LAG",
+            "ERROR",
+        ],
+        &rows,
+    ));
+    table.push('\n');
+    for (node, groups) in &leaders_per_node {
+        let note = if unreachable.contains(node) && !groups.is_empty() {
+            " (unreachable: an election may be under way)"
+        } else {
+            ""
+        };
+        table.push_str(&format!(
+            "node {node} leads {} group(s){note}: {}\n",
+            groups.len(),
+            ranges(groups)
+        ));
+    }
+    table.push_str(&format!(
+        "groups without a leader: {}\n",
+        if without_leader.is_empty() {
+            "none".to_string()
+        } else {
+            ranges(&without_leader)
+        }
+    ));
+    Ok(Report { json, table })
+}
+
+/// Largest `committed - applied` over the hosted groups, and largest `last_log_index - matched`
+/// over the followers of the groups the node leads.
+fn lags(hosted: &[GroupStatus]) -> (u64, u64) {
+    let apply = hosted
+        .iter()
+        .map(|g| g.committed_index.saturating_sub(g.applied_index))
+        .max()
+        .unwrap_or(0);
+    let replication = hosted
+        .iter()
+        .filter(|g| g.is_leader)
+        .flat_map(|g| {
+            g.followers
+                .iter()
+                .map(|f| g.last_log_index.saturating_sub(f.matched_index))
+        })
+        .max()
+        .unwrap_or(0);
+    (apply, replication)
+}
+
+fn node_json(node: &NodeReport) -> Value {
+    match &node.status {
+        Ok(status) => {
+            let (apply_lag, replication_lag) = lags(&status.hosted);
+            json!({
+                "node_id": node.node_id,
+                "client_addr": node.client_addr,
+                "http_url": node.http_url,
+                "reachable": true,
+                "ready": status.ready,
+                "shutting_down": status.shutting_down,
+                "error": Value::Null,
+                "placement_version": status.placement_version,
+                "groups_hosted": status.hosted.len(),
+                "groups_led": status.hosted.iter().filter(|g| g.is_leader).count(),
+                "apply_lag_max": apply_lag,
+                "replication_lag_max": replication_lag,
+            })
+        }
+        Err(error) => json!({
+            "node_id": node.node_id,
+            "client_addr": node.client_addr,
+            "http_url": node.http_url,
+            "reachable": false,
+            "ready": false,
+            "shutting_down": Value::Null,
+            "error": error.to_string(),
+            "placement_version": Value::Null,
+            "groups_hosted": Value::Null,
+            "groups_led": Value::Null,
+            "apply_lag_max": Value::Null,
+            "replication_lag_max": Value::Null,
+        }),
+    }
+}
+
+fn node_row(node: &NodeReport) -> Vec<String> {
+    let mut row = vec![
+        node.node_id.to_string(),
+        node.client_addr.clone(),
+        node.http_url.clone(),
+    ];
+    match &node.status {
+        Ok(status) => {
+            let (apply_lag, replication_lag) = lags(&status.hosted);
+            let ready = if status.shutting_down {
+                "stopping"
+            } else if status.ready {
+                "yes"
+            } else {
+                "no"
+            };
+            row.extend([
+                "yes".to_string(),
+                ready.to_string(),
+                status.hosted.len().to_string(),
+                status
+                    .hosted
+                    .iter()
+                    .filter(|g| g.is_leader)
+                    .count()
+                    .to_string(),
+                apply_lag.to_string(),
+                replication_lag.to_string(),
+                "-".to_string(),
+            ]);
+        }
+        Err(error) => {
+            row.extend(["no", "-", "-", "-", "-", "-"].map(String::from));
+            row.push(error.to_string());
+        }
+    }
+    row
+}
+
+/// `[0, 1, 2, 5, 7, 8]` -> `0-2,5,7-8`.
+fn ranges(ids: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut iter = ids.iter().copied().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end += 1;
+            iter.next();
+        }
+        parts.push(if end == start {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+    }
+    if parts.is_empty() {
+        "-".to_string()
+    } else {
+        parts.join(",")
+    }
+}
+
+// ----- output -----
+
+fn object(fields: Vec<(&'static str, Value)>) -> Value {
+    Value::Object(
+        fields
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value))
+            .collect(),
+    )
+}
+
+/// A report of named fields: one JSON object, or `name  value` lines.
+fn fields_report(fields: Vec<(&'static str, Value)>) -> Report {
+    let width = fields.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    let mut table = String::new();
+    for (name, value) in &fields {
+        table.push_str(&format!("{name:<width$}  {}\n", cell(value)));
+    }
+    Report {
+        json: object(fields),
+        table,
+    }
+}
+
+fn cell(value: &Value) -> String {
+    match value {
+        Value::Null => "-".to_string(),
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Columns padded to their widest cell (the last column is not padded).
+fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (i, (cell, width)) in cells.zip(&widths).enumerate() {
+            if i > 0 {
+                text.push_str("  ");
+            }
+            if i + 1 == headers.len() {
+                text.push_str(cell);
+            } else {
+                text.push_str(&format!("{cell:<width$}"));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&mut headers.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+// ----- errors -----
+
+/// Exit code of a client error (see the table in the crate docs).
+fn exit_code(error: &ClientError) -> u8 {
+    if error.is_already_held() {
+        3
+    } else if error.is_lease_gone() {
+        4
+    } else if error.is_retryable() {
+        5
+    } else {
+        1
+    }
+}
+
+fn report_error(error: &anyhow::Error, output: Output) -> ExitCode {
+    let client_error = error
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<ClientError>());
+    // The server's message alone (its code is reported beside it); otherwise the whole chain.
+    let message = match client_error {
+        Some(ClientError::Server { message, .. }) => message.clone(),
+        _ => format!("{error:#}"),
+    };
+    let (code, retryable, exit) = match client_error {
+        Some(client_error) => (
+            client_error.code_str(),
+            client_error.is_retryable(),
+            exit_code(client_error),
+        ),
+        None => ("ERROR", false, 1),
+    };
+    eprintln!("tenurectl: {code}: {message}");
+    if output == Output::Json {
+        let mut fields = serde_json::Map::new();
+        fields.insert("code".into(), json!(code));
+        fields.insert("message".into(), json!(message));
+        fields.insert("retryable".into(), json!(retryable));
+        fields.insert("exit_code".into(), json!(exit));
+        if let Some(client_error) = client_error {
+            if let Some((holder_id, remaining_ttl_ms)) = client_error.current_holder() {
+                fields.insert("holder_id".into(), json!(holder_id));
+                fields.insert("remaining_ttl_ms".into(), json!(remaining_ttl_ms));
+            }
+            if let Some(after) = client_error.retry_after() {
+                fields.insert("retry_after_ms".into(), json!(millis(after)));
+            }
+        }
+        println!("{}", json!({ "error": fields }));
+    }
+    ExitCode::from(exit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_compress_runs() {
+        assert_eq!(ranges(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(ranges(&[]), "-");
+        assert_eq!(ranges(&[3]), "3");
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn tables_align() {
+        let text = render_table(&["A", "LONGER"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(text, "A    LONGER\nxyz  1\n");
+    }
+}

@@ -1,0 +1,1081 @@
+//! [`Client`]: routes each call to its group's leader, retries safely, and hands out
+//! auto-renewing [`Lease`] handles.
+//!
+//! Every call has an overall deadline (`call_timeout`) and an attempt cap; retries reuse the
+//! request's `request_id`, so a request whose answer was lost is answered by the group's stored
+//! outcome instead of being applied twice. `NOT_LEADER` updates the routing cache from the error's
+//! leader hint and is retried at once (later ones after a backoff); a newer placement version or
+//! an unreachable leader refreshes the routing table from any node; while no leader is known the
+//! request goes to any node with `forward` set.
+//!
+//! Must not depend on: the lease renewal schedule (in `renewer`), or any server crate.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng as _, SeedableRng as _};
+use tenure_core::{
+    AcquireRequest, ErrorCode, LeaseGrant, LeaseId, LeaseOp, LeaseReply, ListPage, ListRequest,
+    ReleaseReceipt, ReleaseRequest, RenewRequest, ResourceKey,
+};
+use tenure_proto::client::{
+    GetResult, LeaseResult, NodeStatus, Principal, Request, RequestBody, RequestFlags,
+    ResponseBody, RoutingTable, WireError,
+};
+use tokio::sync::mpsc;
+use tracing::debug;
+
+use crate::config::{ClientConfig, Credentials};
+use crate::error::ClientError;
+use crate::lease::{Lease, LeaseShared};
+use crate::link::{FaultInjector, LinkError, LinkSettings, NodeLink, quic_client_configs};
+use crate::renewer::{RenewerCommand, run_renewer};
+use crate::routing::{NodeInfo, RoutingState};
+
+/// Capacity of the renewer's command queue (registrations and releases of lease handles).
+const RENEWER_QUEUE: usize = 65_536;
+
+/// A successful Acquire or Renew, with the client-side safe deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The resource.
+    pub key: ResourceKey,
+    /// The holder.
+    pub holder_id: String,
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Its fencing token: pass it to every system the holder writes to.
+    pub fencing_token: u64,
+    /// The ttl the server granted (exactly the one requested).
+    pub ttl_ms: u64,
+    /// Log time of the grant or renewal.
+    pub log_time_ms: u64,
+    /// Log time at which the lease expires unless renewed.
+    pub expires_at_ms: u64,
+    /// The group that decided.
+    pub group_id: u32,
+    /// True when the request id had been seen and this is the stored outcome of an earlier
+    /// attempt (a retry after a lost answer).
+    pub replayed: bool,
+    /// The request id the operation was sent with.
+    pub request_id: String,
+    /// Local monotonic time at which the request was first sent.
+    pub sent_at: Instant,
+    /// The holder may act until this instant (contract section 5): `sent_at + ttl * (1 -
+    /// max_drift) - margin`. Past it, another holder may already have the resource.
+    ///
+    /// A replayed answer to a request id the caller chose ([`AcquireOptions::request_id`], or
+    /// `Some` in [`Client::renew`]) gets no window (`safe_deadline == sent_at`): the original
+    /// attempt may have been made long before this call, and the lease may have ended since.
+    /// Renew to learn a deadline. Replays of the client's own retries within one call keep the
+    /// window: the original attempt was sent after `sent_at`.
+    pub safe_deadline: Instant,
+}
+
+impl Grant {
+    /// True while the safe deadline has not passed.
+    pub fn is_safe_now(&self) -> bool {
+        Instant::now() < self.safe_deadline
+    }
+}
+
+/// Options of an acquire.
+#[derive(Debug, Clone)]
+pub struct AcquireOptions {
+    /// The resource.
+    pub key: ResourceKey,
+    /// Who asks.
+    pub holder_id: String,
+    /// Requested ttl (within the cluster's bounds, never raised by the server).
+    pub ttl: Duration,
+    /// Request id for deduplication; `None` generates a unique one. Set it to make an acquire
+    /// that the caller itself retries (after a crash, say) return the original outcome; such a
+    /// replayed grant carries no safe window (see [`Grant::safe_deadline`]).
+    pub request_id: Option<String>,
+    /// Renew automatically (default). Without it the handle only reports and releases.
+    pub auto_renew: bool,
+}
+
+impl AcquireOptions {
+    /// Options with defaults: generated request id, automatic renewal.
+    pub fn new(
+        tenant_id: impl Into<String>,
+        resource_id: impl Into<String>,
+        holder_id: impl Into<String>,
+        ttl: Duration,
+    ) -> Self {
+        AcquireOptions {
+            key: ResourceKey::new(tenant_id, resource_id),
+            holder_id: holder_id.into(),
+            ttl,
+            request_id: None,
+            auto_renew: true,
+        }
+    }
+
+    /// Sets the request id.
+    pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
+
+    /// Turns automatic renewal off.
+    pub fn without_auto_renew(mut self) -> Self {
+        self.auto_renew = false;
+        self
+    }
+}
+
+/// A snapshot of the client's routing cache.
+#[derive(Debug, Clone)]
+pub struct RoutingSnapshot {
+    /// Version of the placement map.
+    pub placement_version: u64,
+    /// Number of groups.
+    pub groups: u32,
+    /// Leader of each group (index = group id) and the term it was seen in.
+    pub leaders: Vec<(Option<u64>, u64)>,
+    /// The nodes.
+    pub nodes: Vec<NodeInfo>,
+}
+
+/// Counters of what the client did (for tests, benchmarks and dashboards).
+#[derive(Debug, Default)]
+pub(crate) struct ClientCounters {
+    pub requests_sent: AtomicU64,
+    pub retries: AtomicU64,
+    pub routing_refreshes: AtomicU64,
+    pub renew_batches: AtomicU64,
+    pub renewals: AtomicU64,
+}
+
+/// A copy of the client's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Request attempts sent (retries included; a Batch counts once).
+    pub requests_sent: u64,
+    /// Attempts that were retries.
+    pub retries: u64,
+    /// Routing tables fetched.
+    pub routing_refreshes: u64,
+    /// Batch requests sent by the renewer.
+    pub renew_batches: u64,
+    /// Renewals those batches carried.
+    pub renewals: u64,
+    /// Lease handles the renewer keeps alive now.
+    pub leases_held: u64,
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) config: ClientConfig,
+    endpoint: quinn::Endpoint,
+    strict_tls: quinn::ClientConfig,
+    link_settings: LinkSettings,
+    routing: RwLock<RoutingState>,
+    links: Mutex<HashMap<u64, Arc<NodeLink>>>,
+    bootstrap_links: Vec<Arc<NodeLink>>,
+    refresh: tokio::sync::Mutex<Option<Instant>>,
+    client_id: u64,
+    next_request: AtomicU64,
+    next_node: AtomicUsize,
+    rng: Mutex<SmallRng>,
+    pub(crate) renewer: mpsc::Sender<RenewerCommand>,
+    pub(crate) counters: ClientCounters,
+    pub(crate) leases_held: AtomicU64,
+    faults: Arc<FaultInjector>,
+    closed: AtomicBool,
+}
+
+/// The tenure client. Cheap to clone; clones share connections, routing and the renewer.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("client_id", &format_args!("{:016x}", self.inner.client_id))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where an attempt goes.
+struct Target {
+    link: Arc<NodeLink>,
+    forward: bool,
+}
+
+impl Client {
+    /// Connects: checks the configuration, opens a QUIC endpoint, and fetches the routing table
+    /// from the first endpoint that answers. Must run inside a tokio runtime.
+    pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        config.validate()?;
+        let (strict_tls, bootstrap_tls) = quic_client_configs(&config.ca_cert_pem)?;
+        let bind: SocketAddr = if config.endpoints.iter().all(|e| e.addr.is_ipv6()) {
+            SocketAddr::from(([0u16; 8], 0))
+        } else {
+            SocketAddr::from(([0u8; 4], 0))
+        };
+        let endpoint = quinn::Endpoint::client(bind)
+            .map_err(|error| ClientError::Config(format!("opening a UDP socket: {error}")))?;
+        let link_settings = LinkSettings {
+            lanes: config.lanes_per_node,
+            frame_requests_max: config.frame_requests_max,
+            inflight_max: config.inflight_per_node_max,
+            connect_timeout: config.attempt_timeout,
+            token: match &config.credentials {
+                Credentials::Token(token) => Some(token.clone()),
+                Credentials::InsecureDev { .. } => None,
+            },
+        };
+        let faults = Arc::new(FaultInjector::default());
+        let mut links = HashMap::new();
+        let mut bootstrap_links = Vec::new();
+        for endpoint_config in &config.endpoints {
+            let link = Arc::new(NodeLink::new(
+                endpoint_config.node_id,
+                endpoint_config.addr,
+                endpoint.clone(),
+                if endpoint_config.node_id.is_some() {
+                    strict_tls.clone()
+                } else {
+                    bootstrap_tls.clone()
+                },
+                link_settings.clone(),
+                faults.clone(),
+            ));
+            match endpoint_config.node_id {
+                Some(id) => {
+                    links.insert(id, link);
+                }
+                None => bootstrap_links.push(link),
+            }
+        }
+        let seed = config
+            .seed
+            .unwrap_or_else(|| SmallRng::from_os_rng().random());
+        let rng = SmallRng::seed_from_u64(seed);
+        // Request ids start with the client id, so it never comes from the (possibly fixed)
+        // jitter seed: two clients with one seed must still never share a request id.
+        let client_id = SmallRng::from_os_rng().random();
+        let (renewer, commands) = mpsc::channel(RENEWER_QUEUE);
+        let inner = Arc::new(ClientInner {
+            config,
+            endpoint,
+            strict_tls,
+            link_settings,
+            routing: RwLock::new(RoutingState::default()),
+            links: Mutex::new(links),
+            bootstrap_links,
+            refresh: tokio::sync::Mutex::new(None),
+            client_id,
+            next_request: AtomicU64::new(1),
+            next_node: AtomicUsize::new(0),
+            rng: Mutex::new(rng),
+            renewer,
+            counters: ClientCounters::default(),
+            leases_held: AtomicU64::new(0),
+            faults,
+            closed: AtomicBool::new(false),
+        });
+        tokio::spawn(run_renewer(Arc::downgrade(&inner), commands));
+        let client = Client { inner };
+        let call_timeout = client.inner.config.call_timeout;
+        match tokio::time::timeout(call_timeout, client.refresh_routing()).await {
+            Ok(Ok(())) => Ok(client),
+            Ok(Err(error)) => {
+                client.close().await;
+                Err(error)
+            }
+            Err(_) => {
+                client.close().await;
+                Err(ClientError::DeadlineExceeded {
+                    timeout_ms: u64::try_from(call_timeout.as_millis()).unwrap_or(u64::MAX),
+                    attempts: 1,
+                    last: "no node answered the routing request".to_string(),
+                })
+            }
+        }
+    }
+
+    /// Reads `cluster.json` (see [`ClientConfig::from_cluster_file`]) and connects with the
+    /// defaults.
+    pub async fn from_cluster_file(
+        path: &std::path::Path,
+        credentials: Credentials,
+    ) -> Result<Client, ClientError> {
+        Client::connect(ClientConfig::from_cluster_file(path, credentials)?).await
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// Test hooks (feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub fn faults(&self) -> &FaultInjector {
+        &self.inner.faults
+    }
+
+    /// What the client did so far.
+    pub fn stats(&self) -> ClientStats {
+        let c = &self.inner.counters;
+        ClientStats {
+            requests_sent: c.requests_sent.load(Ordering::Relaxed),
+            retries: c.retries.load(Ordering::Relaxed),
+            routing_refreshes: c.routing_refreshes.load(Ordering::Relaxed),
+            renew_batches: c.renew_batches.load(Ordering::Relaxed),
+            renewals: c.renewals.load(Ordering::Relaxed),
+            leases_held: self.inner.leases_held.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Acquires a lease and returns a handle that renews it automatically (see [`Lease`]).
+    /// `ALREADY_HELD` comes back as an error whose [`ClientError::current_holder`] names the
+    /// holder.
+    pub async fn acquire(
+        &self,
+        tenant_id: impl Into<String>,
+        resource_id: impl Into<String>,
+        holder_id: impl Into<String>,
+        ttl: Duration,
+    ) -> Result<Lease, ClientError> {
+        self.acquire_with(AcquireOptions::new(tenant_id, resource_id, holder_id, ttl))
+            .await
+    }
+
+    /// Acquires with explicit options.
+    ///
+    /// When the answer replays an earlier attempt made with the caller's own request id, the
+    /// grant may be old (see [`Grant::safe_deadline`]), so the lease is renewed once right away
+    /// to learn a deadline; if it ended meanwhile, that renewal's error is returned.
+    pub async fn acquire_with(&self, options: AcquireOptions) -> Result<Lease, ClientError> {
+        let auto_renew = options.auto_renew;
+        let mut grant = self.acquire_grant(options).await?;
+        if grant.replayed && grant.safe_deadline <= grant.sent_at {
+            let renewed = self
+                .renew(
+                    grant.key.clone(),
+                    grant.lease_id,
+                    grant.holder_id.clone(),
+                    Duration::from_millis(grant.ttl_ms),
+                    None,
+                )
+                .await?;
+            grant = Grant {
+                replayed: true,
+                ..renewed
+            };
+        }
+        Ok(LeaseShared::start(self.clone(), grant, auto_renew).await)
+    }
+
+    /// Acquires without a handle: nothing renews or releases the lease afterwards (for tools
+    /// such as `tenurectl`, and for callers that manage renewal themselves).
+    pub async fn acquire_grant(&self, options: AcquireOptions) -> Result<Grant, ClientError> {
+        let ttl_ms = u64::try_from(options.ttl.as_millis()).unwrap_or(u64::MAX);
+        let callers_id = options.request_id.is_some();
+        let request_id = options.request_id.unwrap_or_else(|| self.new_request_id());
+        let sent_at = Instant::now();
+        let body = RequestBody::Acquire(AcquireRequest {
+            key: options.key.clone(),
+            holder_id: options.holder_id.clone(),
+            ttl_ms,
+            request_id: request_id.clone(),
+        });
+        let result = self.lease_call(&options.key, body).await?;
+        self.grant_from(
+            options.key,
+            options.holder_id,
+            (request_id, callers_id),
+            sent_at,
+            result,
+        )
+    }
+
+    /// Renews a lease once (a handle does this by itself).
+    pub async fn renew(
+        &self,
+        key: ResourceKey,
+        lease_id: LeaseId,
+        holder_id: impl Into<String>,
+        ttl: Duration,
+        request_id: Option<String>,
+    ) -> Result<Grant, ClientError> {
+        let holder_id = holder_id.into();
+        let callers_id = request_id.is_some();
+        let request_id = request_id.unwrap_or_else(|| self.new_request_id());
+        let sent_at = Instant::now();
+        let body = RequestBody::Renew(RenewRequest {
+            key: key.clone(),
+            lease_id,
+            holder_id: holder_id.clone(),
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            request_id: request_id.clone(),
+        });
+        let result = self.lease_call(&key, body).await?;
+        self.grant_from(key, holder_id, (request_id, callers_id), sent_at, result)
+    }
+
+    /// Releases a lease.
+    pub async fn release(
+        &self,
+        key: ResourceKey,
+        lease_id: LeaseId,
+        holder_id: impl Into<String>,
+        request_id: Option<String>,
+    ) -> Result<ReleaseReceipt, ClientError> {
+        let body = RequestBody::Release(ReleaseRequest {
+            key: key.clone(),
+            lease_id,
+            holder_id: holder_id.into(),
+            request_id: request_id.unwrap_or_else(|| self.new_request_id()),
+        });
+        match self.lease_call(&key, body).await?.reply {
+            LeaseReply::Released(receipt) => Ok(receipt),
+            other => Err(ClientError::Protocol(format!(
+                "Release answered with {other:?}"
+            ))),
+        }
+    }
+
+    /// Reads a resource's lease from its group's leader (linearizable).
+    pub async fn get(&self, key: &ResourceKey) -> Result<GetResult, ClientError> {
+        self.get_with(key, false).await
+    }
+
+    /// Reads a resource's lease; with `stale_read`, any replica may answer from its applied
+    /// state ([`GetResult::stale`] says when it did).
+    pub async fn get_with(
+        &self,
+        key: &ResourceKey,
+        stale_read: bool,
+    ) -> Result<GetResult, ClientError> {
+        let group = self.group_of(key).await?;
+        let flags = RequestFlags {
+            forward: false,
+            stale_read,
+        };
+        let body = RequestBody::Get { key: key.clone() };
+        match self
+            .call(Some(group), body, flags, Some(&key.tenant_id))
+            .await?
+        {
+            ResponseBody::Get(result) => Ok(result),
+            _ => Err(ClientError::Protocol(
+                "Get answered with another kind".into(),
+            )),
+        }
+    }
+
+    /// One page of a tenant's leases in one group (a tenant's leases spread over every group;
+    /// [`Client::list_all`] walks them).
+    pub async fn list(&self, group_id: u32, request: ListRequest) -> Result<ListPage, ClientError> {
+        let tenant = request.tenant_id.clone();
+        let body = RequestBody::List { group_id, request };
+        match self
+            .call(Some(group_id), body, RequestFlags::default(), Some(&tenant))
+            .await?
+        {
+            ResponseBody::List(page) => Ok(page),
+            _ => Err(ClientError::Protocol(
+                "List answered with another kind".into(),
+            )),
+        }
+    }
+
+    /// Up to `limit` of a tenant's leases (optionally of one status), walking every group.
+    pub async fn list_all(
+        &self,
+        tenant_id: &str,
+        status: Option<tenure_core::LeaseStatus>,
+        limit: usize,
+    ) -> Result<Vec<tenure_core::LeaseView>, ClientError> {
+        let groups = self.routing().groups;
+        let mut leases = Vec::new();
+        for group in 0..groups {
+            let mut page_token = None;
+            loop {
+                if leases.len() >= limit {
+                    return Ok(leases);
+                }
+                let page_size = u32::try_from((limit - leases.len()).min(1_000)).unwrap_or(1_000);
+                let page = self
+                    .list(
+                        group,
+                        ListRequest {
+                            tenant_id: tenant_id.to_string(),
+                            page_size,
+                            page_token: page_token.take(),
+                            status,
+                        },
+                    )
+                    .await?;
+                leases.extend(page.leases);
+                match page.next_page_token {
+                    Some(token) => page_token = Some(token),
+                    None => break,
+                }
+            }
+        }
+        leases.truncate(limit);
+        Ok(leases)
+    }
+
+    /// Several lease operations of one group in one request and one log entry; one result per
+    /// operation, in order. All keys must map to the same group.
+    pub async fn batch(
+        &self,
+        ops: Vec<LeaseOp>,
+    ) -> Result<Vec<Result<LeaseResult, ClientError>>, ClientError> {
+        let first = ops
+            .first()
+            .ok_or_else(|| ClientError::InvalidRequest("an empty batch".into()))?;
+        let tenant = first.key().tenant_id.clone();
+        let group = self.group_of(first.key()).await?;
+        for op in &ops {
+            let key = op.key();
+            if self.group_of(key).await? != group {
+                return Err(ClientError::InvalidRequest(format!(
+                    "a batch must stay in one group: {}/{} is not in group {group}",
+                    key.tenant_id, key.resource_id
+                )));
+            }
+        }
+        self.batch_in_group(group, &tenant, ops).await
+    }
+
+    pub(crate) async fn batch_in_group(
+        &self,
+        group: u32,
+        tenant: &str,
+        ops: Vec<LeaseOp>,
+    ) -> Result<Vec<Result<LeaseResult, ClientError>>, ClientError> {
+        let count = ops.len();
+        match self
+            .call(
+                Some(group),
+                RequestBody::Batch { ops },
+                RequestFlags::default(),
+                Some(tenant),
+            )
+            .await?
+        {
+            ResponseBody::Batch(results) if results.len() == count => Ok(results
+                .into_iter()
+                .map(|result| result.map_err(ClientError::from_wire))
+                .collect()),
+            _ => Err(ClientError::Protocol(
+                "Batch answered with another kind or count".into(),
+            )),
+        }
+    }
+
+    /// The status of one node (roles, terms, log indexes, replication lag of its groups).
+    pub async fn node_status(&self, node_id: u64) -> Result<NodeStatus, ClientError> {
+        let link = self
+            .link_for(node_id)
+            .ok_or_else(|| ClientError::InvalidRequest(format!("node {node_id} is unknown")))?;
+        let deadline = Instant::now() + self.inner.config.attempt_timeout;
+        match self
+            .send(
+                &link,
+                RequestBody::Status,
+                RequestFlags::default(),
+                None,
+                deadline,
+            )
+            .await
+        {
+            Ok(Ok(ResponseBody::Status(status))) => Ok(status),
+            Ok(Ok(_)) => Err(ClientError::Protocol(
+                "Status answered with another kind".into(),
+            )),
+            Ok(Err(error)) => Err(ClientError::from_wire(error)),
+            Err(error) => Err(ClientError::NoNodeReachable(error.to_string())),
+        }
+    }
+
+    /// The group a key belongs to (from the cached placement map).
+    pub async fn group_of(&self, key: &ResourceKey) -> Result<u32, ClientError> {
+        if let Some(group) = self.read_routing(|r| r.group_of(&key.tenant_id, &key.resource_id)) {
+            return Ok(group);
+        }
+        self.refresh_routing().await?;
+        self.read_routing(|r| r.group_of(&key.tenant_id, &key.resource_id))
+            .ok_or_else(|| ClientError::NoNodeReachable("no placement map".into()))
+    }
+
+    /// A snapshot of the routing cache.
+    pub fn routing(&self) -> RoutingSnapshot {
+        self.read_routing(|routing| RoutingSnapshot {
+            placement_version: routing.placement_version(),
+            groups: routing.groups(),
+            leaders: routing
+                .leaders()
+                .iter()
+                .map(|entry| (entry.leader, entry.term))
+                .collect(),
+            nodes: routing.nodes().cloned().collect(),
+        })
+    }
+
+    /// Asks every node (suspected ones last) for its routing table at once, merges each answer
+    /// as it arrives (a group's leader is taken only from a term at least as new as the known
+    /// one), and returns when the first answer is merged; later answers are merged in the
+    /// background.
+    pub async fn refresh_routing(&self) -> Result<(), ClientError> {
+        let mut links = self.all_links();
+        links.sort_by_key(|link| link.is_suspect());
+        let (answers, mut answered) = mpsc::channel::<Result<(), ClientError>>(links.len().max(1));
+        for link in links {
+            let client = self.clone();
+            let answers = answers.clone();
+            tokio::spawn(async move {
+                let deadline = Instant::now() + client.inner.config.attempt_timeout;
+                let outcome = match client
+                    .send(
+                        &link,
+                        RequestBody::Routing,
+                        RequestFlags::default(),
+                        None,
+                        deadline,
+                    )
+                    .await
+                {
+                    Ok(Ok(ResponseBody::Routing(table))) => {
+                        link.set_suspect(false);
+                        client.apply_routing(&table)
+                    }
+                    Ok(Ok(other)) => Err(ClientError::Protocol(format!(
+                        "Routing answered with {}",
+                        other.kind_name()
+                    ))),
+                    Ok(Err(error)) => Err(ClientError::from_wire(error)),
+                    Err(LinkError::Final(error)) => Err(error),
+                    Err(error) => {
+                        link.set_suspect(true);
+                        Err(ClientError::NoNodeReachable(error.to_string()))
+                    }
+                };
+                let _ = answers.send(outcome).await;
+            });
+        }
+        drop(answers);
+        let mut last = ClientError::NoNodeReachable("no endpoint".to_string());
+        while let Some(outcome) = answered.recv().await {
+            match outcome {
+                Ok(()) => return Ok(()),
+                // A refusal (a bad token, say) is worth more than "unreachable".
+                Err(error) if !error.is_retryable() || last.is_retryable() => last = error,
+                Err(_) => {}
+            }
+        }
+        Err(last)
+    }
+
+    /// Releases every lease handle's lease (best effort, bounded by the attempt timeout), stops
+    /// renewing, and closes the connections. Calls made afterwards fail with
+    /// [`ClientError::Closed`].
+    pub async fn close(&self) {
+        let (done, finished) = tokio::sync::oneshot::channel();
+        if self
+            .inner
+            .renewer
+            .send(RenewerCommand::Shutdown { done })
+            .await
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(self.inner.config.attempt_timeout, finished).await;
+        }
+        self.inner.closed.store(true, Ordering::SeqCst);
+        for link in self.all_links() {
+            link.close().await;
+        }
+        self.inner.endpoint.close(0u32.into(), b"client closed");
+    }
+
+    // ----- internals -----
+
+    pub(crate) fn new_request_id(&self) -> String {
+        format!(
+            "c{:016x}-{}",
+            self.inner.client_id,
+            self.inner.next_request.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn read_routing<T>(&self, read: impl FnOnce(&RoutingState) -> T) -> T {
+        match self.inner.routing.read() {
+            Ok(routing) => read(&routing),
+            Err(poisoned) => read(&poisoned.into_inner()),
+        }
+    }
+
+    fn write_routing<T>(&self, write: impl FnOnce(&mut RoutingState) -> T) -> T {
+        match self.inner.routing.write() {
+            Ok(mut routing) => write(&mut routing),
+            Err(poisoned) => write(&mut poisoned.into_inner()),
+        }
+    }
+
+    fn apply_routing(&self, table: &RoutingTable) -> Result<(), ClientError> {
+        self.inner
+            .counters
+            .routing_refreshes
+            .fetch_add(1, Ordering::Relaxed);
+        self.write_routing(|routing| routing.apply_table(table))
+            .map_err(ClientError::Protocol)
+    }
+
+    /// Refreshes routing unless another task did within the minimum interval.
+    async fn refresh_routing_soon(&self) {
+        let mut last = self.inner.refresh.lock().await;
+        if last.is_some_and(|at| at.elapsed() < self.inner.config.routing_refresh_min_interval) {
+            return;
+        }
+        if let Err(error) = self.refresh_routing().await {
+            debug!("routing refresh failed: {error}");
+        }
+        *last = Some(Instant::now());
+    }
+
+    fn link_for(&self, node_id: u64) -> Option<Arc<NodeLink>> {
+        if let Ok(links) = self.inner.links.lock() {
+            if let Some(link) = links.get(&node_id) {
+                return Some(link.clone());
+            }
+        }
+        let info = self.read_routing(|routing| routing.node(node_id).cloned())?;
+        let link = Arc::new(NodeLink::new(
+            Some(node_id),
+            info.addr,
+            self.inner.endpoint.clone(),
+            self.inner.strict_tls.clone(),
+            self.inner.link_settings.clone(),
+            self.inner.faults.clone(),
+        ));
+        let mut links = self.inner.links.lock().ok()?;
+        Some(links.entry(node_id).or_insert(link).clone())
+    }
+
+    /// Known nodes first (by id), then endpoints of unknown id.
+    fn all_links(&self) -> Vec<Arc<NodeLink>> {
+        let ids: Vec<u64> = self.read_routing(|r| r.nodes().map(|n| n.node_id).collect());
+        let mut links: Vec<Arc<NodeLink>> =
+            ids.iter().filter_map(|&id| self.link_for(id)).collect();
+        if let Ok(known) = self.inner.links.lock() {
+            for (id, link) in known.iter() {
+                if !ids.contains(id) {
+                    links.push(link.clone());
+                }
+            }
+        }
+        links.extend(self.inner.bootstrap_links.iter().cloned());
+        links
+    }
+
+    fn pick_target(&self, group: Option<u32>, avoid: Option<SocketAddr>) -> Option<Target> {
+        if let Some(group) = group {
+            if let Some(leader) = self.read_routing(|r| r.leader(group)) {
+                if let Some(link) = self.link_for(leader.node_id) {
+                    if Some(leader.addr) != avoid && !link.is_suspect() {
+                        return Some(Target {
+                            link,
+                            forward: false,
+                        });
+                    }
+                }
+            }
+        }
+        // No usable leader: any node, forwarding; nodes that failed recently last.
+        let links = self.all_links();
+        if links.is_empty() {
+            return None;
+        }
+        let start = self.inner.next_node.fetch_add(1, Ordering::Relaxed);
+        let rotated = || (0..links.len()).map(|i| links[(start + i) % links.len()].clone());
+        let link = rotated()
+            .find(|link| Some(link.addr) != avoid && !link.is_suspect())
+            .or_else(|| rotated().find(|link| Some(link.addr) != avoid))
+            .unwrap_or_else(|| links[start % links.len()].clone());
+        Some(Target {
+            link,
+            forward: group.is_some(),
+        })
+    }
+
+    fn principal_for(&self, tenant: Option<&str>) -> Option<Principal> {
+        match (&self.inner.config.credentials, tenant) {
+            (Credentials::InsecureDev { principal_id }, Some(tenant)) => Some(Principal {
+                principal_id: principal_id.clone(),
+                tenant_id: tenant.to_string(),
+            }),
+            _ => None,
+        }
+    }
+
+    async fn send(
+        &self,
+        link: &NodeLink,
+        body: RequestBody,
+        flags: RequestFlags,
+        tenant: Option<&str>,
+        deadline: Instant,
+    ) -> Result<Result<ResponseBody, WireError>, LinkError> {
+        self.inner
+            .counters
+            .requests_sent
+            .fetch_add(1, Ordering::Relaxed);
+        let request = Request {
+            id: 0,
+            timeout_ms: 0,
+            flags,
+            principal: self.principal_for(tenant),
+            body,
+        };
+        link.call(request, deadline).await
+    }
+
+    async fn lease_call(
+        &self,
+        key: &ResourceKey,
+        body: RequestBody,
+    ) -> Result<LeaseResult, ClientError> {
+        let group = self.group_of(key).await?;
+        match self
+            .call(
+                Some(group),
+                body,
+                RequestFlags::default(),
+                Some(&key.tenant_id),
+            )
+            .await?
+        {
+            ResponseBody::Lease(result) => Ok(result),
+            _ => Err(ClientError::Protocol(
+                "a lease operation answered with another kind".into(),
+            )),
+        }
+    }
+
+    /// `request_id.1` is true when the caller chose the request id: a replayed answer may then
+    /// be the outcome of an attempt made any time before this call, so it gets no safe window.
+    fn grant_from(
+        &self,
+        key: ResourceKey,
+        holder_id: String,
+        request_id: (String, bool),
+        sent_at: Instant,
+        result: LeaseResult,
+    ) -> Result<Grant, ClientError> {
+        let (LeaseReply::Acquired(grant) | LeaseReply::Renewed(grant)) = result.reply else {
+            return Err(ClientError::Protocol(
+                "Acquire or Renew answered with a release".into(),
+            ));
+        };
+        let (request_id, callers_id) = request_id;
+        let mut grant = self.make_grant(
+            key,
+            holder_id,
+            request_id,
+            sent_at,
+            &grant,
+            result.group_id,
+            result.replayed,
+        );
+        if grant.replayed && callers_id {
+            grant.safe_deadline = grant.sent_at;
+        }
+        Ok(grant)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn make_grant(
+        &self,
+        key: ResourceKey,
+        holder_id: String,
+        request_id: String,
+        sent_at: Instant,
+        grant: &LeaseGrant,
+        group_id: u32,
+        replayed: bool,
+    ) -> Grant {
+        let window = self.inner.config.safety.safe_window(grant.ttl_ms);
+        Grant {
+            key,
+            holder_id,
+            lease_id: grant.lease_id,
+            fencing_token: grant.fencing_token,
+            ttl_ms: grant.ttl_ms,
+            log_time_ms: grant.log_time_ms,
+            expires_at_ms: grant.expires_at_ms,
+            group_id,
+            replayed,
+            request_id,
+            sent_at,
+            safe_deadline: sent_at + window,
+        }
+    }
+
+    fn backoff(&self, attempt: u32) -> Duration {
+        let policy = &self.inner.config.retry;
+        let exponent = attempt.saturating_sub(1).min(16);
+        let ceiling = policy
+            .backoff_initial
+            .saturating_mul(1u32 << exponent)
+            .min(policy.backoff_max);
+        let ceiling_us = u64::try_from(ceiling.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let jitter_us = match self.inner.rng.lock() {
+            Ok(mut rng) => rng.random_range(ceiling_us / 2..=ceiling_us),
+            Err(_) => ceiling_us,
+        };
+        Duration::from_micros(jitter_us)
+    }
+
+    /// Sends `body` for `group` until it gets an answer, a non-retryable error, the deadline or
+    /// the attempt cap. The body (and so its request id) is the same on every attempt.
+    pub(crate) async fn call(
+        &self,
+        group: Option<u32>,
+        body: RequestBody,
+        flags: RequestFlags,
+        tenant: Option<&str>,
+    ) -> Result<ResponseBody, ClientError> {
+        self.call_until(
+            group,
+            body,
+            flags,
+            tenant,
+            Instant::now() + self.inner.config.call_timeout,
+        )
+        .await
+    }
+
+    pub(crate) async fn call_until(
+        &self,
+        group: Option<u32>,
+        body: RequestBody,
+        flags: RequestFlags,
+        tenant: Option<&str>,
+        deadline: Instant,
+    ) -> Result<ResponseBody, ClientError> {
+        let config = &self.inner.config;
+        let started = Instant::now();
+        let mut last = String::from("not sent");
+        let mut avoid: Option<SocketAddr> = None;
+        let mut redirects = 0u32;
+        let mut attempts = 0u32;
+        for attempt in 1..=config.retry.attempts_max {
+            attempts = attempt;
+            if self.inner.closed.load(Ordering::SeqCst) {
+                return Err(ClientError::Closed);
+            }
+            if attempt > 1 {
+                self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let Some(target) = self.pick_target(group, avoid) else {
+                return Err(ClientError::NoNodeReachable("no node known".into()));
+            };
+            let attempt_deadline = deadline.min(now + config.attempt_timeout);
+            let flags = RequestFlags {
+                forward: flags.forward || target.forward,
+                ..flags
+            };
+            let mut pause = Duration::ZERO;
+            match self
+                .send(&target.link, body.clone(), flags, tenant, attempt_deadline)
+                .await
+            {
+                Ok(Ok(answer)) => {
+                    target.link.set_suspect(false);
+                    return Ok(answer);
+                }
+                Ok(Err(error)) => {
+                    target.link.set_suspect(false);
+                    last = error.to_string();
+                    if error.placement_version > self.read_routing(|r| r.placement_version()) {
+                        self.refresh_routing_soon().await;
+                    }
+                    if error.code == ErrorCode::NotLeader {
+                        redirects += 1;
+                        let hint = error.leader_hint.clone();
+                        if let (Some(group), Some(hint)) = (group, hint.as_ref()) {
+                            self.write_routing(|routing| {
+                                routing.learn_node(hint);
+                                routing.note_leader(group, Some(hint.node_id));
+                            });
+                        } else {
+                            if let Some(group) = group {
+                                self.write_routing(|routing| routing.forget_leader(group));
+                            }
+                            self.refresh_routing_soon().await;
+                        }
+                        avoid = None;
+                        // The first redirect is followed at once; repeated ones mean an
+                        // election is under way.
+                        if redirects > 1 {
+                            pause = self.backoff(attempt);
+                        }
+                    } else if error.retryable {
+                        let hint = error
+                            .retry_after_ms
+                            .map_or(Duration::ZERO, |ms| Duration::from_millis(u64::from(ms)));
+                        pause = self.backoff(attempt).max(hint);
+                        if error.code == ErrorCode::Unavailable {
+                            if let Some(group) = group {
+                                self.write_routing(|routing| routing.forget_leader(group));
+                            }
+                            self.refresh_routing_soon().await;
+                        }
+                    } else {
+                        return Err(ClientError::from_wire(error));
+                    }
+                }
+                Err(LinkError::Final(error)) => return Err(error),
+                Err(error) => {
+                    // The node may be down: try another node (forwarding) and learn where the
+                    // leader went. The request id is unchanged, so a request that was applied
+                    // is answered with its stored outcome.
+                    last = error.to_string();
+                    avoid = Some(target.link.addr);
+                    target.link.set_suspect(true);
+                    if let Some(node) = target.link.node_id {
+                        self.write_routing(|routing| routing.forget_node_leadership(node));
+                    }
+                    if matches!(error, LinkError::Connect { .. }) {
+                        target.link.close().await;
+                    }
+                    self.refresh_routing_soon().await;
+                    pause = self.backoff(attempt);
+                }
+            }
+            if Instant::now() + pause >= deadline {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+        }
+        if attempts < config.retry.attempts_max || Instant::now() >= deadline {
+            Err(ClientError::DeadlineExceeded {
+                timeout_ms: u64::try_from(deadline.saturating_duration_since(started).as_millis())
+                    .unwrap_or(u64::MAX),
+                attempts,
+                last,
+            })
+        } else {
+            Err(ClientError::RetriesExhausted { attempts, last })
+        }
+    }
+}

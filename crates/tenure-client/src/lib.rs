@@ -1,0 +1,55 @@
+//! The tenure client: a shard-aware async library for taking, keeping and giving back leases.
+//!
+//! A [`Client`] learns the cluster's placement map and group leaders from any node, computes
+//! each key's group locally (`tenure_core::placement`) and sends each call straight to that
+//! group's leader over one QUIC connection per node, where concurrent calls share frames. It
+//! retries what may be retried (same request id, so nothing applies twice), within a deadline
+//! and an attempt cap, and returns typed errors that say whether a retry may help.
+//!
+//! [`Client::acquire`] returns a [`Lease`]: fencing token, ttl, and the **safe deadline** of the
+//! contract (section 5), computed from the local monotonic time the request was sent. The client
+//! renews every lease by itself, coalescing renewals that fall due together into one Batch
+//! request per group, and signals loss ([`Lease::lost`]) before the safe deadline passes without
+//! a confirmed renewal.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), tenure_client::ClientError> {
+//! use std::time::Duration;
+//! use tenure_client::{Client, Credentials};
+//!
+//! let client = Client::from_cluster_file(
+//!     "tenure-dev/cluster.json".as_ref(),
+//!     Credentials::InsecureDev { principal_id: "docs".into() },
+//! )
+//! .await?;
+//! let lease = client.acquire("acme", "jobs/nightly", "worker-1", Duration::from_secs(10)).await?;
+//! while lease.is_valid() {
+//!     // ... do the work, passing lease.fencing_token() to every system written to ...
+//!     # break;
+//! }
+//! lease.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Must not depend on: any server crate (only `tenure-core` for the pure types and placement,
+//! and `tenure-proto` for the wire).
+
+mod client;
+mod config;
+mod error;
+mod lease;
+mod link;
+mod renewer;
+mod routing;
+
+pub use client::{AcquireOptions, Client, ClientStats, Grant, RoutingSnapshot};
+pub use config::{
+    ClientConfig, ClusterFile, Credentials, Endpoint, RenewPolicy, RetryPolicy, SafetyPolicy,
+};
+pub use error::ClientError;
+pub use lease::{Lease, LeaseState, LossReason};
+pub use link::FaultInjector;
+pub use routing::{LeaderEntry, NodeInfo, RoutingState};
+pub use tenure_core::{ErrorCode, LeaseId, LeaseStatus, LeaseView, ResourceKey};
+pub use tenure_proto::client::{GetResult, GroupStatus, LeaseResult, NodeStatus};

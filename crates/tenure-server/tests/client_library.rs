@@ -1,0 +1,480 @@
+//! The client library (`tenure-client`) against a cluster of real `tenure` node processes:
+//! calls go straight to each group's leader and follow leader changes; an auto-renewed lease
+//! survives the failover of its group's leader; the loss signal fires before the safe deadline
+//! when renewals cannot get through (every node paused) and when the cluster refuses a renewal;
+//! an acquire whose answer is lost is retried with the same request id and returns the same
+//! lease; and the renewals of 10,000 held leases are coalesced (the nodes' metrics show the
+//! renewals per request).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::cast_possible_truncation,
+    missing_docs
+)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{ClusterOptions, ProcessCluster, TENANT, http_request, wait_for};
+use futures_util::StreamExt as _;
+use tenure_client::{
+    AcquireOptions, Client, ClientConfig, Credentials, Endpoint, ErrorCode, LeaseState,
+    LeaseStatus, LossReason, ResourceKey,
+};
+
+fn client_config(cluster: &ProcessCluster) -> ClientConfig {
+    let endpoints = cluster
+        .ids()
+        .into_iter()
+        .map(|id| Endpoint {
+            node_id: Some(id),
+            addr: cluster.node(id).quic_addr,
+        })
+        .collect();
+    let mut config = ClientConfig::new(
+        endpoints,
+        cluster.ca_pem().to_string(),
+        Credentials::InsecureDev {
+            principal_id: "client-tests".to_string(),
+        },
+    );
+    config.seed = Some(7);
+    config
+}
+
+async fn connect(cluster: &ProcessCluster) -> Client {
+    Client::connect(client_config(cluster))
+        .await
+        .unwrap_or_else(|error| panic!("client: {error}\n{}", cluster.log_tails()))
+}
+
+/// Sums a metric's samples (every label set) over the nodes in `ids`.
+async fn metric_sum(cluster: &ProcessCluster, ids: &[u64], name: &str) -> f64 {
+    let mut total = 0.0;
+    for &id in ids {
+        let url = format!("{}/metrics", cluster.http_url(id));
+        let Ok((200, _, body)) = http_request("GET", &url, &[], None).await else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&body).into_owned();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(name) else {
+                continue;
+            };
+            if !(rest.starts_with(' ') || rest.starts_with('{')) {
+                continue;
+            }
+            if let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+                total += value;
+            }
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_go_to_leaders_and_follow_leader_changes() {
+    let mut cluster = ProcessCluster::start_ready(ClusterOptions::default()).await;
+    let ids = cluster.ids();
+    cluster.wait_balanced(&ids, Duration::from_secs(40)).await;
+    let client = connect(&cluster).await;
+    let routing = client.routing();
+    assert_eq!(routing.placement_version, 1);
+    assert_eq!(routing.groups, 16);
+    assert_eq!(routing.nodes.len(), 3);
+
+    // Keys in every group: the client computes each key's group like the cluster does and
+    // sends to its leader, so no node forwards anything.
+    let forwarded_before = metric_sum(&cluster, &ids, "tenure_requests_forwarded_total").await;
+    let mut leases = Vec::new();
+    for group in 0..16 {
+        let resource = cluster.resource_in_group(TENANT, group, "routed", 0);
+        let key = ResourceKey::new(TENANT, resource.clone());
+        assert_eq!(client.group_of(&key).await.unwrap(), group);
+        let lease = client
+            .acquire(TENANT, resource, "holder", Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(lease.group_id(), group);
+        assert!(lease.is_valid());
+        leases.push(lease);
+    }
+    let forwarded_after = metric_sum(&cluster, &ids, "tenure_requests_forwarded_total").await;
+    assert_eq!(
+        forwarded_after, forwarded_before,
+        "the client sent every request to its group's leader"
+    );
+    println!(
+        "client routing: 16 acquires, one per group, none forwarded ({} retries)",
+        client.stats().retries
+    );
+
+    // Every node's status: it hosts all 16 groups (3 nodes, replication factor 3), each group
+    // has exactly one ready leader, and leaders report their followers' progress.
+    let mut led = 0;
+    for &id in &ids {
+        let status = client.node_status(id).await.unwrap();
+        assert_eq!(status.node_id, id);
+        assert!(status.ready);
+        assert_eq!(status.placement_version, 1);
+        assert_eq!(status.hosted.len(), 16);
+        for group in &status.hosted {
+            assert!(group.applied_index <= group.committed_index);
+            assert!(group.committed_index <= group.last_log_index);
+            if group.is_leader {
+                led += 1;
+                assert_eq!(group.leader, Some(id));
+                assert_eq!(group.followers.len(), 2, "{group:?}");
+                for follower in &group.followers {
+                    assert!(follower.matched_index <= group.last_log_index);
+                }
+            }
+        }
+    }
+    assert_eq!(led, 16, "one ready leader per group");
+
+    // Kill the node leading the most groups: calls for its groups find the new leaders.
+    let leaders = cluster.agreed_leaders(&ids).await.unwrap();
+    let counts = ProcessCluster::led_counts(&leaders);
+    let (&victim, _) = counts.iter().max_by_key(|(_, count)| **count).unwrap();
+    let victim_groups: Vec<u32> = leaders
+        .iter()
+        .filter(|l| l.leader == Some(victim))
+        .map(|l| l.group_id)
+        .collect();
+    cluster.kill(victim);
+    let started = Instant::now();
+    for &group in &victim_groups {
+        let resource = cluster.resource_in_group(TENANT, group, "after-kill", 0);
+        let grant = client
+            .acquire_grant(AcquireOptions::new(
+                TENANT,
+                resource.clone(),
+                "holder",
+                Duration::from_secs(10),
+            ))
+            .await
+            .unwrap_or_else(|error| panic!("acquire in group {group}: {error}"));
+        assert_eq!(grant.group_id, group);
+        let read = client
+            .get(&ResourceKey::new(TENANT, resource))
+            .await
+            .unwrap();
+        assert_eq!(read.view.unwrap().lease_id, grant.lease_id);
+        let (leader, _) = client.routing().leaders[group as usize];
+        assert!(
+            leader.is_some_and(|l| l != victim),
+            "group {group}: the client now routes to {leader:?}, not the killed node {victim}"
+        );
+    }
+    println!(
+        "client routing: {} groups of killed node {victim} served again after {} ms ({} retries, {} routing refreshes)",
+        victim_groups.len(),
+        started.elapsed().as_millis(),
+        client.stats().retries,
+        client.stats().routing_refreshes
+    );
+    for lease in leases {
+        if !victim_groups.contains(&lease.group_id()) {
+            assert!(lease.is_valid());
+        }
+        drop(lease);
+    }
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_renew_keeps_a_lease_across_a_leader_failover() {
+    let mut cluster = ProcessCluster::start_ready(ClusterOptions::default()).await;
+    let ids = cluster.ids();
+    let leaders = cluster.wait_balanced(&ids, Duration::from_secs(40)).await;
+    let client = connect(&cluster).await;
+    let group = 3;
+    let resource = cluster.resource_in_group(TENANT, group, "failover", 0);
+    let ttl = Duration::from_secs(9);
+    let lease = client
+        .acquire(TENANT, resource.clone(), "survivor", ttl)
+        .await
+        .unwrap();
+    let token = lease.fencing_token();
+    // Let one renewal happen, then kill the group's leader.
+    wait_for(Duration::from_secs(10), "a first renewal", || async {
+        (lease.renewals() >= 1).then_some(())
+    })
+    .await
+    .unwrap();
+    let victim = leaders[group as usize].leader.unwrap();
+    cluster.kill(victim);
+    let killed_at = Instant::now();
+    let renewals_at_kill = lease.renewals();
+    // The handle stays valid the whole time and renews through the new leader.
+    let mut samples = 0;
+    while lease.renewals() < renewals_at_kill + 2 {
+        assert!(
+            lease.is_valid(),
+            "lease lost during the failover: {:?}\n{}",
+            lease.state(),
+            cluster.log_tails()
+        );
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(30),
+            "no renewal through the new leader within 30 s"
+        );
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let survivors: Vec<u64> = ids.iter().copied().filter(|&id| id != victim).collect();
+    let new_leader = cluster.leader_of(survivors[0], group).await;
+    assert!(new_leader.is_some_and(|l| l != victim));
+    let read = client
+        .get(&ResourceKey::new(TENANT, resource))
+        .await
+        .unwrap();
+    let view = read.view.unwrap();
+    assert_eq!(view.status, LeaseStatus::Active);
+    assert_eq!(view.lease_id, lease.lease_id());
+    assert_eq!(view.fencing_token, token, "renewals never change the token");
+    println!(
+        "failover renewal: lease held across the kill of node {victim} (group {group} now led by {new_leader:?}); 2 renewals confirmed {} ms after the kill, {samples} validity samples, state {:?}",
+        killed_at.elapsed().as_millis(),
+        lease.state()
+    );
+    let receipt = lease.release().await.unwrap();
+    assert_eq!(receipt.fencing_token, token);
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loss_signal_fires_before_the_safe_deadline() {
+    let mut cluster = ProcessCluster::start_ready(ClusterOptions::default()).await;
+    let client = connect(&cluster).await;
+    let (ttl_min, _) = cluster.ttl_bounds_ms();
+    let ttl = Duration::from_millis(ttl_min.max(5_000));
+
+    // 1. Renewals cannot get through: every node is paused (SIGSTOP), as if this client were
+    //    cut off from the cluster.
+    let lease = client
+        .acquire(TENANT, "loss/partitioned", "holder", ttl)
+        .await
+        .unwrap();
+    wait_for(Duration::from_secs(10), "a first renewal", || async {
+        (lease.renewals() >= 1).then_some(())
+    })
+    .await
+    .unwrap();
+    let ids = cluster.ids();
+    for &id in &ids {
+        cluster.pause(id);
+    }
+    let paused_at = Instant::now();
+    let deadline_before = lease.safe_deadline();
+    let state = tokio::time::timeout(ttl * 2, lease.lost())
+        .await
+        .expect("the loss signal fired within two ttls");
+    let fired_at = Instant::now();
+    for &id in &ids {
+        cluster.resume(id);
+    }
+    assert_eq!(state, LeaseState::Lost(LossReason::DeadlineWithoutRenewal));
+    let deadline = lease.safe_deadline();
+    assert!(
+        fired_at <= deadline,
+        "the signal fired {} ms after the safe deadline",
+        fired_at.duration_since(deadline).as_millis()
+    );
+    assert!(!lease.is_valid());
+    assert!(
+        deadline >= deadline_before,
+        "the deadline only moves forward"
+    );
+    println!(
+        "loss signal: nodes paused {} ms after the last renewal; signal {} ms after the pause, {} ms before the safe deadline",
+        paused_at
+            .saturating_duration_since(
+                deadline
+                    .checked_sub(client.config().safety.safe_window(ttl.as_millis() as u64))
+                    .unwrap()
+            )
+            .as_millis(),
+        fired_at.duration_since(paused_at).as_millis(),
+        deadline.saturating_duration_since(fired_at).as_millis()
+    );
+    drop(lease);
+    cluster.wait_ready(Duration::from_secs(45)).await;
+
+    // 2. The cluster refuses a renewal: the lease was released behind the handle's back.
+    let lease = client
+        .acquire(TENANT, "loss/rejected", "holder", ttl)
+        .await
+        .unwrap();
+    client
+        .release(lease.key().clone(), lease.lease_id(), "holder", None)
+        .await
+        .unwrap();
+    let state = tokio::time::timeout(ttl * 2, lease.lost()).await.unwrap();
+    match state {
+        LeaseState::Lost(LossReason::Rejected { code, .. }) => {
+            assert_eq!(code, ErrorCode::LeaseExpired);
+        }
+        other => panic!("expected a refused renewal, got {other:?}"),
+    }
+    assert!(!lease.is_valid());
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_answer_was_lost_returns_the_same_lease() {
+    let cluster = ProcessCluster::start_ready(ClusterOptions::default()).await;
+    let client = connect(&cluster).await;
+    let other = connect(&cluster).await;
+    client.faults().drop_next_lease_responses(1);
+    let grant = client
+        .acquire_grant(AcquireOptions::new(
+            TENANT,
+            "idempotent/acquire",
+            "first",
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap();
+    assert!(
+        grant.replayed,
+        "the retry was answered from the stored outcome"
+    );
+    assert_eq!(grant.fencing_token, 1, "only one grant happened");
+    assert!(
+        grant.is_safe_now(),
+        "a replay of this call's own retry keeps the window from the first send"
+    );
+    assert!(client.stats().retries >= 1);
+    // The same request id once more (a caller retrying by itself): same lease again.
+    let again = client
+        .acquire_grant(
+            AcquireOptions::new(
+                TENANT,
+                "idempotent/acquire",
+                "first",
+                Duration::from_secs(10),
+            )
+            .request_id(grant.request_id.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.lease_id, grant.lease_id);
+    assert!(again.replayed);
+    assert!(
+        !again.is_safe_now(),
+        "a replay of a caller-chosen request id carries no safe window"
+    );
+    // As a handle, the same replay is renewed at once to learn a deadline.
+    let handle = client
+        .acquire_with(
+            AcquireOptions::new(
+                TENANT,
+                "idempotent/acquire",
+                "first",
+                Duration::from_secs(10),
+            )
+            .request_id(grant.request_id.clone()),
+        )
+        .await
+        .unwrap();
+    assert!(handle.replayed() && handle.is_valid());
+    assert_eq!(handle.lease_id(), grant.lease_id);
+    let _ = handle.detach();
+    // Another holder sees it held by the first.
+    let refused = other
+        .acquire_grant(AcquireOptions::new(
+            TENANT,
+            "idempotent/acquire",
+            "second",
+            Duration::from_secs(10),
+        ))
+        .await
+        .unwrap_err();
+    assert!(refused.is_already_held());
+    assert_eq!(refused.current_holder().map(|(h, _)| h), Some("first"));
+    let read = other
+        .get(&ResourceKey::new(TENANT, "idempotent/acquire"))
+        .await
+        .unwrap();
+    assert_eq!(read.view.unwrap().lease_id, grant.lease_id);
+    println!(
+        "lost answer: acquire retried with request id {} -> lease {} (replayed, token {})",
+        grant.request_id, grant.lease_id, grant.fencing_token
+    );
+    client.close().await;
+    other.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_of_ten_thousand_leases_are_coalesced() {
+    const LEASES: usize = 10_000;
+    let cluster = ProcessCluster::start_ready(ClusterOptions::default()).await;
+    let ids = cluster.ids();
+    let client = connect(&cluster).await;
+    let ttl = Duration::from_secs(6);
+    let started = Instant::now();
+    let leases: Vec<tenure_client::Lease> = futures_util::stream::iter(0..LEASES)
+        .map(|i| {
+            let client = client.clone();
+            async move {
+                client
+                    .acquire(TENANT, format!("held/{i}"), "holder", ttl)
+                    .await
+                    .unwrap_or_else(|error| panic!("acquire {i}: {error}"))
+            }
+        })
+        .buffer_unordered(1_024)
+        .collect()
+        .await;
+    let acquired_in = started.elapsed();
+    let leases = Arc::new(leases);
+    // Hold them for three renewal periods (a period is a third of the ttl).
+    let period = ttl / 3;
+    let sum_before = metric_sum(&cluster, &ids, "tenure_renewals_per_request_sum").await;
+    let count_before = metric_sum(&cluster, &ids, "tenure_renewals_per_request_count").await;
+    let stats_before = client.stats();
+    let held_from = Instant::now();
+    tokio::time::sleep(period * 3).await;
+    let held_for = held_from.elapsed();
+    let sum_after = metric_sum(&cluster, &ids, "tenure_renewals_per_request_sum").await;
+    let count_after = metric_sum(&cluster, &ids, "tenure_renewals_per_request_count").await;
+    let stats = client.stats();
+    let renewals = sum_after - sum_before;
+    let requests = count_after - count_before;
+    let lost = leases.iter().filter(|lease| !lease.is_valid()).count();
+    let periods = held_for.as_secs_f64() / period.as_secs_f64();
+    let per_request = renewals / requests.max(1.0);
+    let mut by_group: BTreeMap<u32, usize> = BTreeMap::new();
+    for lease in leases.iter() {
+        *by_group.entry(lease.group_id()).or_default() += 1;
+    }
+    println!(
+        "coalescing: {LEASES} leases acquired in {} ms; held {:.1} s ({periods:.1} renewal periods of {} ms): \
+         servers saw {renewals} renewals in {requests} requests ({per_request:.1} renewals/request, {:.1} renewal requests per period); \
+         client sent {} batches carrying {} renewals; {lost} leases lost; {} groups",
+        acquired_in.as_millis(),
+        held_for.as_secs_f64(),
+        period.as_millis(),
+        requests / periods,
+        stats.renew_batches - stats_before.renew_batches,
+        stats.renewals - stats_before.renewals,
+        by_group.len()
+    );
+    assert_eq!(lost, 0, "every lease stayed held");
+    assert!(
+        renewals >= LEASES as f64,
+        "every lease was renewed at least once ({renewals})"
+    );
+    assert!(
+        per_request >= 10.0,
+        "at least 10 renewals per request ({per_request:.1})"
+    );
+    assert_eq!(stats.leases_held, LEASES as u64);
+    client.close().await;
+}
