@@ -434,13 +434,19 @@ async fn renewals_of_ten_thousand_leases_are_coalesced() {
         .await;
     let acquired_in = started.elapsed();
     let leases = Arc::new(leases);
-    // Hold them for three renewal periods (a period is a third of the ttl).
+    // A renewal period is a third of the ttl.
     let period = ttl / 3;
     let sum_before = metric_sum(&cluster, &ids, "tenure_renewals_per_request_sum").await;
     let count_before = metric_sum(&cluster, &ids, "tenure_renewals_per_request_count").await;
     let stats_before = client.stats();
     let held_from = Instant::now();
-    tokio::time::sleep(period * 3).await;
+    // Hold until three renewals of every lease were confirmed (about three periods).
+    let renewals_wanted = stats_before.renewals + 3 * LEASES as u64;
+    wait_for(period * 10, "three rounds of renewals", || async {
+        (client.stats().renewals >= renewals_wanted).then_some(())
+    })
+    .await
+    .unwrap();
     let held_for = held_from.elapsed();
     let sum_after = metric_sum(&cluster, &ids, "tenure_renewals_per_request_sum").await;
     let count_after = metric_sum(&cluster, &ids, "tenure_renewals_per_request_count").await;
