@@ -417,8 +417,21 @@ impl GroupHandle {
 
     fn set_leader_view(&self, view: LeaderView) {
         if let Ok(mut current) = self.view.lock() {
+            if current.leader != view.leader {
+                ::metrics::counter!(m::LEADER_CHANGES_TOTAL).increment(1);
+            }
             *current = view;
         }
+    }
+
+    /// When this replica is the ready leader: how far (log-time ms) the oldest expired lease not
+    /// yet reclaimed is past its expiry; 0 when none is.
+    pub fn expiry_overdue_ms(&self) -> Option<u64> {
+        let now = self.log_now_ms()?;
+        let next = self
+            .state_machine
+            .with_leases(|leases| leases.next_expiry_ms());
+        Some(next.map_or(0, |expiry| now.saturating_sub(expiry)))
     }
 
     /// Called by the watcher when this replica sees itself leader of `term`.
@@ -600,6 +613,7 @@ async fn run_proposer(handle: Arc<GroupHandle>, mut receiver: mpsc::Receiver<Pro
         let raft = handle.raft.clone();
         let group_id = handle.group_id;
         tokio::spawn(async move {
+            let proposed = std::time::Instant::now();
             let result = raft
                 .client_write(Entry {
                     log_time_ms: now,
@@ -610,6 +624,8 @@ async fn run_proposer(handle: Arc<GroupHandle>, mut receiver: mpsc::Receiver<Pro
             let outcomes = match result {
                 Ok(response) => {
                     ::metrics::counter!(m::RAFT_COMMITS_TOTAL).increment(1);
+                    ::metrics::histogram!(m::COMMIT_DURATION_SECONDS)
+                        .record(proposed.elapsed().as_secs_f64());
                     outcomes_of(group_id, response.data)
                 }
                 Err(error) => Err(match error.forward_to_leader() {

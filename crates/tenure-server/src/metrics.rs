@@ -51,6 +51,89 @@ pub const TRANSPORT_MESSAGES_PER_FRAME: &str = "tenure_transport_messages_per_fr
 pub const LEADER_TRANSFERS_TOTAL: &str = "tenure_leader_transfers_total";
 /// Renewals carried by one client request (Batch requests count each item).
 pub const RENEWALS_PER_REQUEST: &str = "tenure_renewals_per_request";
+/// Seconds spent in WAL syncs since start. Exported as a gauge holding a cumulative value (the
+/// `metrics` crate's counters are integers); `rate()` of it over `rate(tenure_fsyncs_total)` is
+/// the average sync latency.
+pub const FSYNC_SECONDS_TOTAL: &str = "tenure_fsync_seconds_total";
+/// Groups whose leader this node does not know.
+pub const GROUPS_WITHOUT_LEADER: &str = "tenure_groups_without_leader";
+/// Leader changes of hosted groups seen by this node (a new leader, or none).
+pub const LEADER_CHANGES_TOTAL: &str = "tenure_leader_changes_total";
+/// Seconds from proposing a lease entry to its being applied (committed on a quorum), per entry.
+pub const COMMIT_DURATION_SECONDS: &str = "tenure_commit_duration_seconds";
+/// Over the groups this node leads: how far, in log-time seconds, the oldest expired lease not
+/// yet reclaimed is past its expiry (0 when none is).
+pub const EXPIRY_OVERDUE_SECONDS: &str = "tenure_expiry_overdue_seconds";
+/// The node certificate's notAfter, as Unix seconds.
+pub const CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS: &str =
+    "tenure_certificate_expiry_timestamp_seconds";
+/// Bytes available to this process on the data directory's filesystem.
+pub const DATA_DIR_AVAILABLE_BYTES: &str = "tenure_data_dir_available_bytes";
+/// Size of the data directory's filesystem, in bytes.
+pub const DATA_DIR_TOTAL_BYTES: &str = "tenure_data_dir_total_bytes";
+/// 1 when the node is ready (as `GET /readyz`), else 0.
+pub const NODE_READY: &str = "tenure_node_ready";
+
+/// Every counter the node exports (registered at zero at start, so dashboards and alerts see
+/// them before the first event).
+pub const COUNTERS: &[&str] = &[
+    REQUESTS_TOTAL,
+    REQUESTS_FORWARDED_TOTAL,
+    RAFT_PROPOSALS_TOTAL,
+    RAFT_PROPOSED_OPS_TOTAL,
+    RAFT_COMMITS_TOTAL,
+    EXPIRATIONS_TOTAL,
+    FSYNCS_TOTAL,
+    TRANSPORT_FRAMES_TOTAL,
+    TRANSPORT_MESSAGES_TOTAL,
+    LEADER_TRANSFERS_TOTAL,
+    LEADER_CHANGES_TOTAL,
+];
+
+/// Every gauge the node exports (registered at zero at start).
+pub const GAUGES: &[&str] = &[
+    REQUESTS_INFLIGHT,
+    APPLY_LAG_ENTRIES,
+    GROUPS_LED,
+    GROUPS_HOSTED,
+    ACTIVE_LEASES,
+    ENTRIES_PER_FSYNC,
+    TRANSPORT_MESSAGES_PER_FRAME,
+    FSYNC_SECONDS_TOTAL,
+    GROUPS_WITHOUT_LEADER,
+    EXPIRY_OVERDUE_SECONDS,
+    CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS,
+    DATA_DIR_AVAILABLE_BYTES,
+    DATA_DIR_TOTAL_BYTES,
+    NODE_READY,
+];
+
+/// Every histogram the node exports (they appear after their first observation).
+pub const HISTOGRAMS: &[&str] = &[
+    REQUEST_DURATION_SECONDS,
+    RAFT_OPS_PER_ENTRY,
+    RENEWALS_PER_REQUEST,
+    COMMIT_DURATION_SECONDS,
+];
+
+/// Registers every counter and gauge at zero.
+pub fn register_all() {
+    for &name in COUNTERS {
+        match name {
+            // Labelled: register one labelled series rather than an unlabelled one.
+            REQUESTS_TOTAL => {
+                ::metrics::counter!(name, "op" => "acquire", "result" => "ok").increment(0);
+            }
+            REQUESTS_FORWARDED_TOTAL => {
+                ::metrics::counter!(name, "op" => "acquire").increment(0);
+            }
+            _ => ::metrics::counter!(name).increment(0),
+        }
+    }
+    for &name in GAUGES {
+        ::metrics::gauge!(name).increment(0.0);
+    }
+}
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
