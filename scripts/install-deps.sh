@@ -2,8 +2,9 @@
 # Installs the system packages the build and the tests need, if missing, on a Debian machine.
 # Called by run.sh and test.sh; safe to run repeatedly (does nothing when all are present).
 #   libclang-dev: RocksDB's bindgen (tenure-storage compiles RocksDB from source)
+#   prometheus:   promtool, which checks ops/prometheus (rules, their unit tests, the scrape config)
 set -euo pipefail
-SYSTEM_PACKAGES=(libclang-dev)
+SYSTEM_PACKAGES=(libclang-dev prometheus)
 missing=()
 for package in "${SYSTEM_PACKAGES[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -12,5 +13,18 @@ if [ "${#missing[@]}" -gt 0 ]; then
   echo "== installing system packages: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  # The prometheus package would start a Prometheus server listening on every interface; only
+  # its promtool is wanted, so no service may start while installing (policy-rc.d says no).
+  policy=/usr/sbin/policy-rc.d
+  created_policy=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+    $SUDO chmod +x "$policy"
+    created_policy=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [ "$created_policy" -eq 1 ]; then $SUDO rm -f "$policy"; fi
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 fi

@@ -17,6 +17,11 @@ done
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "== promtool: ops/prometheus (alert rules, their unit tests, scrape config)"
+promtool check rules ops/prometheus/tenure-alerts.yml
+promtool test rules ops/prometheus/tenure-alerts.test.yml
+promtool check config --syntax-only ops/prometheus/prometheus.yml
+
 echo "== cargo clippy (warnings denied)"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
@@ -27,7 +32,7 @@ mkdir -p "$log_dir"
 log="$log_dir/test-output.log"
 set +e
 cargo test --workspace --all-targets --all-features --locked -- --nocapture 2>&1 | tee "$log" \
-  | grep --line-buffered -E '^(test result|     Running|model property|tight-bounds|crash test|disk full|disk-full|640 appends|[0-9]+ groups: |partition: |leader transfer: |lossy network|snapshots: |failover|restart catch-up: |restarted node installed|sigterm: |skew: |five nodes|client routing|failover renewal|loss signal|lost answer|coalescing|error|thread .* panicked)'
+  | grep --line-buffered -E '^(test result|     Running|model property|tight-bounds|crash test|disk full|disk-full|640 appends|[0-9]+ groups: |partition: |leader transfer: |lossy network|snapshots: |failover|restart catch-up: |restarted node installed|sigterm: |skew: |five nodes|ops kit|client routing|failover renewal|loss signal|lost answer|coalescing|error|thread .* panicked)'
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -ne 0 ]; then
