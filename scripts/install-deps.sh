@@ -7,7 +7,9 @@ set -euo pipefail
 SYSTEM_PACKAGES=(libclang-dev prometheus)
 missing=()
 for package in "${SYSTEM_PACKAGES[@]}"; do
-  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+  # "install ok installed" only: a removed package whose config files remain is missing too.
+  status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
+  [ "$status" = "install ok installed" ] || missing+=("$package")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "== installing system packages: ${missing[*]}"
