@@ -5,6 +5,9 @@
 //! link `from -> to` drops, delays (fixed plus random jitter, which reorders), or duplicates the
 //! message. A partition drops everything on the link. Randomness is seeded, so a test prints its
 //! seed and a failing schedule of verdicts can be replayed (given the same order of sends).
+//! The transport applies delays and duplicates to unary (control-lane) messages only: messages
+//! of a replication stream are delivered in order and once, as their QUIC stream would, or
+//! dropped.
 //!
 //! Must not depend on quinn or openraft: it judges messages, the transport applies the verdicts.
 

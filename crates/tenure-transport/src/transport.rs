@@ -492,6 +492,15 @@ impl Shared {
             Some(faults) => faults.judge(self.node_id(), link.peer),
             None => Verdict::Deliver,
         };
+        let verdict = match verdict {
+            // A replication stream's messages ride one QUIC stream: in order, exactly once.
+            // Duplicating or reordering them would model a network QUIC cannot be, and the
+            // receiver relies on stream order (a reordered stream fed to openraft can make it
+            // see a conflict below an index it already matched, which it treats as a bug).
+            // Drops stay: they end the stream with an error on its oldest request.
+            Verdict::Perturb { .. } if !is_control(message.kind) => Verdict::Deliver,
+            other => other,
+        };
         match verdict {
             Verdict::Deliver => enqueue(link, message, deadline).await,
             Verdict::Drop => {
