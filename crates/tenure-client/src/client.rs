@@ -339,6 +339,11 @@ impl Client {
     /// Acquires a lease and returns a handle that renews it automatically (see [`Lease`]).
     /// `ALREADY_HELD` comes back as an error whose [`ClientError::current_holder`] names the
     /// holder.
+    ///
+    /// The client retries within the call with one generated request id. A caller that wants to
+    /// retry after the call failed (deadline passed, say) should use [`Client::acquire_with`]
+    /// with its own [`AcquireOptions::request_id`]: a new id could find its own earlier,
+    /// applied attempt holding the resource (`ALREADY_HELD` naming itself).
     pub async fn acquire(
         &self,
         tenant_id: impl Into<String>,
@@ -438,7 +443,10 @@ impl Client {
             request_id: request_id.unwrap_or_else(|| self.new_request_id()),
         });
         match self.lease_call(&key, body).await?.reply {
-            LeaseReply::Released(receipt) => Ok(receipt),
+            LeaseReply::Released(receipt) => {
+                self.note_released(receipt.lease_id).await;
+                Ok(receipt)
+            }
             other => Err(ClientError::Protocol(format!(
                 "Release answered with {other:?}"
             ))),
@@ -517,10 +525,12 @@ impl Client {
                         },
                     )
                     .await?;
+                let empty = page.leases.is_empty();
                 leases.extend(page.leases);
                 match page.next_page_token {
-                    Some(token) => page_token = Some(token),
-                    None => break,
+                    // An empty page that still names a next one would never end the walk.
+                    Some(token) if !empty => page_token = Some(token),
+                    _ => break,
                 }
             }
         }
@@ -567,10 +577,17 @@ impl Client {
             )
             .await?
         {
-            ResponseBody::Batch(results) if results.len() == count => Ok(results
-                .into_iter()
-                .map(|result| result.map_err(ClientError::from_wire))
-                .collect()),
+            ResponseBody::Batch(results) if results.len() == count => {
+                for result in results.iter().flatten() {
+                    if let LeaseReply::Released(receipt) = &result.reply {
+                        self.note_released(receipt.lease_id).await;
+                    }
+                }
+                Ok(results
+                    .into_iter()
+                    .map(|result| result.map_err(ClientError::from_wire))
+                    .collect())
+            }
             _ => Err(ClientError::Protocol(
                 "Batch answered with another kind or count".into(),
             )),
@@ -703,6 +720,16 @@ impl Client {
 
     // ----- internals -----
 
+    /// Tells the renewer a lease was released through this client, so no handle of it stays
+    /// valid.
+    async fn note_released(&self, lease_id: LeaseId) {
+        let _ = self
+            .inner
+            .renewer
+            .send(RenewerCommand::Released { lease_id })
+            .await;
+    }
+
     pub(crate) fn new_request_id(&self) -> String {
         format!(
             "c{:016x}-{}",
@@ -736,7 +763,10 @@ impl Client {
 
     /// Refreshes routing unless another task did within the minimum interval.
     async fn refresh_routing_soon(&self) {
-        let mut last = self.inner.refresh.lock().await;
+        // Another call is refreshing already: do not queue behind it.
+        let Ok(mut last) = self.inner.refresh.try_lock() else {
+            return;
+        };
         if last.is_some_and(|at| at.elapsed() < self.inner.config.routing_refresh_min_interval) {
             return;
         }
@@ -747,12 +777,16 @@ impl Client {
     }
 
     fn link_for(&self, node_id: u64) -> Option<Arc<NodeLink>> {
+        let info = self.read_routing(|routing| routing.node(node_id).cloned());
         if let Ok(links) = self.inner.links.lock() {
             if let Some(link) = links.get(&node_id) {
-                return Some(link.clone());
+                // A node that moved to another address gets a new link.
+                if info.as_ref().is_none_or(|info| info.addr == link.addr) {
+                    return Some(link.clone());
+                }
             }
         }
-        let info = self.read_routing(|routing| routing.node(node_id).cloned())?;
+        let info = info?;
         let link = Arc::new(NodeLink::new(
             Some(node_id),
             info.addr,
@@ -762,7 +796,11 @@ impl Client {
             self.inner.faults.clone(),
         ));
         let mut links = self.inner.links.lock().ok()?;
-        Some(links.entry(node_id).or_insert(link).clone())
+        let current = links.entry(node_id).or_insert_with(|| link.clone());
+        if current.addr != info.addr {
+            *current = link;
+        }
+        Some(current.clone())
     }
 
     /// Known nodes first (by id), then endpoints of unknown id.
@@ -1011,7 +1049,11 @@ impl Client {
                     }
                     if error.code == ErrorCode::NotLeader {
                         redirects += 1;
-                        let hint = error.leader_hint.clone();
+                        // A hint computed under another placement map may name another
+                        // group's leader: use it only when the maps agree.
+                        let same_map =
+                            error.placement_version == self.read_routing(|r| r.placement_version());
+                        let hint = error.leader_hint.clone().filter(|_| same_map);
                         if let (Some(group), Some(hint)) = (group, hint.as_ref()) {
                             self.write_routing(|routing| {
                                 routing.learn_node(hint);
@@ -1051,9 +1093,15 @@ impl Client {
                     // is answered with its stored outcome.
                     last = error.to_string();
                     avoid = Some(target.link.addr);
-                    target.link.set_suspect(true);
-                    if let Some(node) = target.link.node_id {
-                        self.write_routing(|routing| routing.forget_node_leadership(node));
+                    // A timeout only cut short by this call's own deadline (shorter than an
+                    // attempt) says nothing about the node.
+                    let own_deadline = matches!(error, LinkError::Timeout { .. })
+                        && attempt_deadline < now + config.attempt_timeout;
+                    if !own_deadline {
+                        target.link.set_suspect(true);
+                        if let Some(node) = target.link.node_id {
+                            self.write_routing(|routing| routing.forget_node_leadership(node));
+                        }
                     }
                     if matches!(error, LinkError::Connect { .. }) {
                         target.link.close().await;

@@ -281,8 +281,14 @@ impl ClientConfig {
         {
             return fail("frame_requests_max must be within [1, 4096]");
         }
-        if !(1..1_000_000).contains(&self.renew.renew_after_ppm) {
-            return fail("renew.renew_after_ppm must be within [1, 999999]");
+        // Renewing later than 90% of the ttl would come after the safe deadline (98% of the ttl
+        // less 50 ms by default).
+        if !(1..=900_000).contains(&self.renew.renew_after_ppm) {
+            return fail("renew.renew_after_ppm must be within [1, 900000]");
+        }
+        let hour = Duration::from_secs(3_600);
+        if self.call_timeout > hour || self.attempt_timeout > hour {
+            return fail("call_timeout and attempt_timeout must be at most one hour");
         }
         if self.renew.batch_ops_max == 0
             || self.renew.batch_ops_max > tenure_proto::client::BATCH_OPS_MAX

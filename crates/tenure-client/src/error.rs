@@ -42,8 +42,9 @@ pub enum ClientError {
         /// Why the last attempt failed.
         last: String,
     },
-    /// Too many requests of this client are in flight to one node; the call waited its whole
-    /// deadline for room (back-pressure; retry later or raise `inflight_per_node_max`).
+    /// Too many requests of this client are in flight to one node; the call waited up to one
+    /// attempt's deadline for room (back-pressure; retry later or raise
+    /// `inflight_per_node_max`).
     #[error("too many requests in flight to node {node}: waited {waited_ms} ms for room")]
     Busy {
         /// The node.

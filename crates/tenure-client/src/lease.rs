@@ -156,6 +156,12 @@ impl LeaseShared {
 ///   runs out. To stop renewing without releasing, call [`Lease::detach`]; to know the release
 ///   succeeded, call [`Lease::release`].
 /// - A handle keeps its client's connections open (it holds a clone of the client).
+/// - A release of the same lease through this client by any other path (`Client::release`, a
+///   Batch) releases the handle at once.
+/// - **Clock assumption.** The deadline is kept on `std::time::Instant` (CLOCK_MONOTONIC on
+///   Linux), which does not advance while the machine is suspended. A process paused by a
+///   signal or a debugger is handled (the deadline passes in real time meanwhile); a machine
+///   suspended while holding a lease is not: treat a resume from suspend as a loss.
 #[derive(Debug)]
 pub struct Lease {
     shared: Arc<LeaseShared>,

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use tenure_core::{LeaseOp, LeaseReply, RenewRequest};
+use tenure_core::{LeaseId, LeaseOp, LeaseReply, RenewRequest};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::debug;
 
@@ -36,6 +36,9 @@ pub(crate) enum RenewerCommand {
     Unregister { id: u64, release: bool },
     /// A renewal batch finished.
     Done(Vec<(u64, RenewOutcome)>),
+    /// The lease was released through this client (by any path): every handle of it is
+    /// released.
+    Released { lease_id: LeaseId },
     /// Release every held lease, then stop.
     Shutdown { done: oneshot::Sender<()> },
 }
@@ -61,6 +64,8 @@ struct Entry {
 struct Renewer {
     weak: Weak<ClientInner>,
     entries: HashMap<u64, Entry>,
+    /// Handles of each lease (usually one).
+    by_lease: HashMap<LeaseId, Vec<u64>>,
     due: BTreeSet<(Instant, u64)>,
     deadlines: BTreeSet<(Instant, u64)>,
     batches: Arc<Semaphore>,
@@ -78,6 +83,7 @@ pub(crate) async fn run_renewer(
     let mut renewer = Renewer {
         weak,
         entries: HashMap::new(),
+        by_lease: HashMap::new(),
         due: BTreeSet::new(),
         deadlines: BTreeSet::new(),
         batches: Arc::new(Semaphore::new(batches_max)),
@@ -155,6 +161,12 @@ impl Renewer {
 
     fn remove(&mut self, id: u64) -> Option<Entry> {
         let entry = self.entries.remove(&id)?;
+        if let Some(ids) = self.by_lease.get_mut(&entry.lease.lease_id) {
+            ids.retain(|other| *other != id);
+            if ids.is_empty() {
+                self.by_lease.remove(&entry.lease.lease_id);
+            }
+        }
         self.due.remove(&(entry.next_renew_at, id));
         self.deadlines.remove(&(entry.loss_at, id));
         self.set_counts();
@@ -178,6 +190,7 @@ impl Renewer {
                     self.due.insert((next_renew_at, id));
                 }
                 self.deadlines.insert((loss_at, id));
+                self.by_lease.entry(lease.lease_id).or_default().push(id);
                 self.entries.insert(
                     id,
                     Entry {
@@ -201,6 +214,14 @@ impl Renewer {
                 self.blocked = false;
                 for (id, outcome) in outcomes {
                     self.finish(&client, id, outcome);
+                }
+            }
+            RenewerCommand::Released { lease_id } => {
+                let ids = self.by_lease.get(&lease_id).cloned().unwrap_or_default();
+                for id in ids {
+                    if let Some(entry) = self.remove(id) {
+                        entry.lease.mark(LeaseState::Released);
+                    }
                 }
             }
             RenewerCommand::Shutdown { done } => {
@@ -251,6 +272,10 @@ impl Renewer {
         entry.loss_at = self.loss_at(&entry.lease, client);
         self.due.insert((entry.next_renew_at, id));
         self.deadlines.insert((entry.loss_at, id));
+        self.by_lease
+            .entry(entry.lease.lease_id)
+            .or_default()
+            .push(id);
         self.entries.insert(id, entry);
         self.set_counts();
     }
@@ -316,10 +341,7 @@ impl Renewer {
                 }
                 let batch_client = client.clone();
                 let tenant = tenant.clone();
-                tokio::spawn(async move {
-                    renew_batch(batch_client, group, tenant, leases).await;
-                    drop(permit);
-                });
+                tokio::spawn(renew_batch(batch_client, group, tenant, leases, permit));
             }
         }
     }
@@ -370,11 +392,14 @@ async fn release_in_background(client: Client, lease: Arc<LeaseShared>) {
     }
 }
 
+/// Renews one batch and reports to the renewer. The batch slot (`permit`) is given back before
+/// the report, so the renewer never sees a finished batch still holding its slot.
 async fn renew_batch(
     client: Client,
     group: u32,
     tenant: String,
     leases: Vec<(Arc<LeaseShared>, Instant)>,
+    permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let sent_at = Instant::now();
     // No point in an answer after the first lease's loss time.
@@ -445,23 +470,17 @@ async fn renew_batch(
             .map(|(l, _)| (l.id, RenewOutcome::Retry))
             .collect(),
         Err(error) => {
+            // An error for the whole batch says nothing about any one lease (a batch larger than
+            // the group allows, say): retry each soon; a lease whose renewals keep failing
+            // reaches its loss time and is reported lost then.
             debug!(group, "renewal batch of {} failed: {error}", leases.len());
-            let gone = !error.is_retryable() && error.code().is_some();
             leases
                 .iter()
-                .map(|(l, _)| {
-                    (
-                        l.id,
-                        if gone {
-                            RenewOutcome::Gone(error.clone())
-                        } else {
-                            RenewOutcome::Retry
-                        },
-                    )
-                })
+                .map(|(l, _)| (l.id, RenewOutcome::Retry))
                 .collect()
         }
     };
+    drop(permit);
     let _ = client
         .inner
         .renewer

@@ -104,8 +104,9 @@ impl RoutingState {
         }
     }
 
-    /// Forgets the leader of `group` (it did not answer); the term is kept so an older view
-    /// cannot come back.
+    /// Forgets the leader of `group` (it did not answer). The term is kept, so a view from an
+    /// older term cannot come back; a table naming the same leader in the same term can (it is
+    /// still the best knowledge until an election ends).
     pub fn forget_leader(&mut self, group: u32) {
         self.note_leader(group, None);
     }

@@ -124,15 +124,10 @@ async fn serve_stream(
                     break;
                 }
             }
-            let frame = match encode_client_frame(&ResponseFrame { responses: batch }) {
-                Ok(frame) => frame,
-                Err(error) => {
-                    warn!("could not encode a response frame: {error}");
-                    continue;
+            for frame in encode_response_frames(batch) {
+                if send.write_all(&frame).await.is_err() {
+                    return;
                 }
-            };
-            if send.write_all(&frame).await.is_err() {
-                return;
             }
         }
         let _ = send.finish();
@@ -173,6 +168,46 @@ async fn serve_stream(
     }
     drop(responses);
     let _ = writer.await;
+}
+
+/// Encodes responses into frames within the protocol's bound: a batch that does not fit is
+/// halved; a single response that does not fit is replaced by an `INTERNAL` error naming its
+/// size, so every request still gets an answer.
+fn encode_response_frames(responses: Vec<Response>) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    let mut work = vec![responses];
+    while let Some(responses) = work.pop() {
+        let frame = ResponseFrame { responses };
+        match encode_client_frame(&frame) {
+            Ok(bytes) => frames.push(bytes),
+            Err(_) if frame.responses.len() > 1 => {
+                let mut first = frame.responses;
+                let second = first.split_off(first.len() / 2);
+                work.push(second);
+                work.push(first);
+            }
+            Err(error) => {
+                for response in frame.responses {
+                    warn!("a response does not fit in a frame: {error}");
+                    let replacement = Response {
+                        id: response.id,
+                        result: Err(WireError::new(
+                            ErrorCode::Internal,
+                            format!(
+                                "the answer does not fit in a frame of {CLIENT_FRAME_BYTES_MAX} bytes ({error}); ask for less (a smaller page)"
+                            ),
+                        )),
+                    };
+                    if let Ok(bytes) = encode_client_frame(&ResponseFrame {
+                        responses: vec![replacement],
+                    }) {
+                        frames.push(bytes);
+                    }
+                }
+            }
+        }
+    }
+    frames
 }
 
 fn unauthorized() -> WireError {

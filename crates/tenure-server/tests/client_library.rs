@@ -306,15 +306,18 @@ async fn the_loss_signal_fires_before_the_safe_deadline() {
     drop(lease);
     cluster.wait_ready(Duration::from_secs(45)).await;
 
-    // 2. The cluster refuses a renewal: the lease was released behind the handle's back.
+    // 2. The cluster refuses a renewal: the lease was released behind the handle's back (by
+    //    another client, which this client cannot know of).
     let lease = client
         .acquire(TENANT, "loss/rejected", "holder", ttl)
         .await
         .unwrap();
-    client
+    let other = connect(&cluster).await;
+    other
         .release(lease.key().clone(), lease.lease_id(), "holder", None)
         .await
         .unwrap();
+    other.close().await;
     let state = tokio::time::timeout(ttl * 2, lease.lost()).await.unwrap();
     match state {
         LeaseState::Lost(LossReason::Rejected { code, .. }) => {
@@ -322,6 +325,21 @@ async fn the_loss_signal_fires_before_the_safe_deadline() {
         }
         other => panic!("expected a refused renewal, got {other:?}"),
     }
+    assert!(!lease.is_valid());
+
+    // 3. Released through this same client by another path: the handle is released at once.
+    let lease = client
+        .acquire(TENANT, "loss/released-here", "holder", ttl)
+        .await
+        .unwrap();
+    client
+        .release(lease.key().clone(), lease.lease_id(), "holder", None)
+        .await
+        .unwrap();
+    let state = tokio::time::timeout(Duration::from_secs(2), lease.lost())
+        .await
+        .expect("the handle learns of the release at once");
+    assert_eq!(state, LeaseState::Released);
     assert!(!lease.is_valid());
     client.close().await;
 }
