@@ -21,8 +21,8 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use tenure_core::ErrorCode;
 use tenure_proto::client::{
-    CLIENT_ALPN, CLIENT_FRAME_BYTES_MAX, Request, RequestBody, RequestFrame, ResponseBody,
-    WireError, decode_response_frame, encode_client_frame,
+    CLIENT_ALPN, CLIENT_FRAME_BYTES_MAX, Request, RequestBody, ResponseBody, WireError,
+    decode_response_frame, encode_frames_split,
 };
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::debug;
@@ -524,35 +524,18 @@ async fn lane_writer(
     let _ = send.finish();
 }
 
-/// Encodes requests into frames no larger than the protocol allows, halving a batch that does
-/// not fit; a single request too large for a frame is answered locally with
-/// `INVALID_ARGUMENT`.
+/// Encodes requests into frames no larger than the protocol allows; a single request too large
+/// for a frame is answered locally with `INVALID_ARGUMENT`.
 fn encode_frames(requests: Vec<Request>, pending: &Mutex<HashMap<u64, Pending>>) -> Vec<Vec<u8>> {
-    let mut frames = Vec::new();
-    let mut work = vec![requests];
-    while let Some(requests) = work.pop() {
-        let frame = RequestFrame { requests };
-        match encode_client_frame(&frame) {
-            Ok(bytes) => frames.push(bytes),
-            Err(_) if frame.requests.len() > 1 => {
-                let mut first = frame.requests;
-                let second = first.split_off(first.len() / 2);
-                work.push(second);
-                work.push(first);
-            }
-            Err(error) => {
-                for request in frame.requests {
-                    let waiting = pending.lock().ok().and_then(|mut p| p.remove(&request.id));
-                    if let Some(waiting) = waiting {
-                        let _ = waiting.answer.send(Err(WireError::new(
-                            ErrorCode::InvalidArgument,
-                            format!(
-                                "the request does not fit in a frame of {CLIENT_FRAME_BYTES_MAX} bytes: {error}"
-                            ),
-                        )));
-                    }
-                }
-            }
+    let (frames, too_large) = encode_frames_split(&requests);
+    for index in too_large {
+        let id = requests[index].id;
+        let waiting = pending.lock().ok().and_then(|mut p| p.remove(&id));
+        if let Some(waiting) = waiting {
+            let _ = waiting.answer.send(Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                format!("the request does not fit in a frame of {CLIENT_FRAME_BYTES_MAX} bytes"),
+            )));
         }
     }
     frames

@@ -390,6 +390,36 @@ pub fn encode_client_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, ProtoErro
     Ok(out)
 }
 
+/// Encodes a run of requests or responses into as few frames as fit in
+/// [`CLIENT_FRAME_BYTES_MAX`], in order: a run that does not fit is halved. Returns the frames
+/// (length prefix included) and the indexes of the items that do not fit even alone, which the
+/// caller must answer some other way.
+///
+/// `items` is encoded as the frame itself: a [`RequestFrame`] or [`ResponseFrame`] is a struct
+/// whose only field is the vector, and postcard writes a struct as its fields, so the bytes of a
+/// slice of requests are the bytes of a `RequestFrame` holding them.
+pub fn encode_frames_split<T: Serialize>(items: &[T]) -> (Vec<Vec<u8>>, Vec<usize>) {
+    let mut frames = Vec::new();
+    let mut too_large = Vec::new();
+    // Ranges still to encode, the next one last.
+    let mut work = vec![(0, items.len())];
+    while let Some((start, end)) = work.pop() {
+        if start == end {
+            continue;
+        }
+        match encode_client_frame(&&items[start..end]) {
+            Ok(bytes) => frames.push(bytes),
+            Err(_) if end - start > 1 => {
+                let middle = start + (end - start) / 2;
+                work.push((middle, end));
+                work.push((start, middle));
+            }
+            Err(_) => too_large.push(start),
+        }
+    }
+    (frames, too_large)
+}
+
 /// Decodes a request frame body (after its length prefix), checking the frame's bounds.
 pub fn decode_request_frame(body: &[u8]) -> Result<RequestFrame, ProtoError> {
     let frame: RequestFrame = crate::peer::decode_payload(body, "RequestFrame")?;
@@ -408,4 +438,52 @@ pub fn decode_request_frame(body: &[u8]) -> Result<RequestFrame, ProtoError> {
 /// Decodes a response frame body (after its length prefix).
 pub fn decode_response_frame(body: &[u8]) -> Result<ResponseFrame, ProtoError> {
     crate::peer::decode_payload(body, "ResponseFrame")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn response(id: u64, message_bytes: usize) -> Response {
+        Response {
+            id,
+            result: Err(WireError::new(
+                ErrorCode::Internal,
+                "x".repeat(message_bytes),
+            )),
+        }
+    }
+
+    #[test]
+    fn a_slice_encodes_as_its_frame_and_oversized_runs_are_split_in_order() {
+        let small: Vec<Response> = (0..3).map(|id| response(id, 10)).collect();
+        let (frames, too_large) = encode_frames_split(&small);
+        assert!(too_large.is_empty());
+        assert_eq!(
+            frames,
+            vec![
+                encode_client_frame(&ResponseFrame {
+                    responses: small.clone()
+                })
+                .unwrap()
+            ]
+        );
+        // Three answers of 2 MiB do not fit in one 4 MiB frame; one of 5 MiB fits in none.
+        let big = vec![
+            response(1, 2 << 20),
+            response(2, 2 << 20),
+            response(3, 5 << 20),
+            response(4, 2 << 20),
+        ];
+        let (frames, too_large) = encode_frames_split(&big);
+        assert_eq!(too_large, vec![2]);
+        let ids: Vec<u64> = frames
+            .iter()
+            .flat_map(|frame| decode_response_frame(&frame[4..]).unwrap().responses)
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids, vec![1, 2, 4]);
+        assert!(frames.iter().all(|f| f.len() <= CLIENT_FRAME_BYTES_MAX + 4));
+    }
 }

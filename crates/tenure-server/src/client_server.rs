@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use tenure_core::ErrorCode;
 use tenure_proto::client::{
-    CLIENT_FRAME_BYTES_MAX, Principal, Request, RequestBody, Response, ResponseBody, ResponseFrame,
-    WireError, decode_request_frame, encode_client_frame,
+    CLIENT_FRAME_BYTES_MAX, Principal, Request, RequestBody, Response, ResponseBody, WireError,
+    decode_request_frame, encode_frames_split,
 };
 use tenure_transport::ClientAcceptor;
 use tenure_transport::tls::verify_peer_node_id;
@@ -170,42 +170,28 @@ async fn serve_stream(
     let _ = writer.await;
 }
 
-/// Encodes responses into frames within the protocol's bound: a batch that does not fit is
-/// halved; a single response that does not fit is replaced by an `INTERNAL` error naming its
-/// size, so every request still gets an answer.
+/// Encodes responses into frames within the protocol's bound; a single response that does not
+/// fit is replaced by an `INTERNAL` error, so every request still gets an answer.
 fn encode_response_frames(responses: Vec<Response>) -> Vec<Vec<u8>> {
-    let mut frames = Vec::new();
-    let mut work = vec![responses];
-    while let Some(responses) = work.pop() {
-        let frame = ResponseFrame { responses };
-        match encode_client_frame(&frame) {
-            Ok(bytes) => frames.push(bytes),
-            Err(_) if frame.responses.len() > 1 => {
-                let mut first = frame.responses;
-                let second = first.split_off(first.len() / 2);
-                work.push(second);
-                work.push(first);
-            }
-            Err(error) => {
-                for response in frame.responses {
-                    warn!("a response does not fit in a frame: {error}");
-                    let replacement = Response {
-                        id: response.id,
-                        result: Err(WireError::new(
-                            ErrorCode::Internal,
-                            format!(
-                                "the answer does not fit in a frame of {CLIENT_FRAME_BYTES_MAX} bytes ({error}); ask for less (a smaller page)"
-                            ),
-                        )),
-                    };
-                    if let Ok(bytes) = encode_client_frame(&ResponseFrame {
-                        responses: vec![replacement],
-                    }) {
-                        frames.push(bytes);
-                    }
-                }
-            }
-        }
+    let (mut frames, too_large) = encode_frames_split(&responses);
+    if !too_large.is_empty() {
+        warn!(
+            "{} response(s) do not fit in a frame; answering INTERNAL",
+            too_large.len()
+        );
+        let replacements: Vec<Response> = too_large
+            .into_iter()
+            .map(|index| Response {
+                id: responses[index].id,
+                result: Err(WireError::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "the answer does not fit in a frame of {CLIENT_FRAME_BYTES_MAX} bytes; ask for less (a smaller page)"
+                    ),
+                )),
+            })
+            .collect();
+        frames.extend(encode_frames_split(&replacements).0);
     }
     frames
 }
