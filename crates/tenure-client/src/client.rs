@@ -777,19 +777,19 @@ impl Client {
     }
 
     fn link_for(&self, node_id: u64) -> Option<Arc<NodeLink>> {
-        let info = self.read_routing(|routing| routing.node(node_id).cloned());
+        let addr = self.read_routing(|routing| routing.node(node_id).map(|node| node.addr));
         if let Ok(links) = self.inner.links.lock() {
             if let Some(link) = links.get(&node_id) {
                 // A node that moved to another address gets a new link.
-                if info.as_ref().is_none_or(|info| info.addr == link.addr) {
+                if addr.is_none_or(|addr| addr == link.addr) {
                     return Some(link.clone());
                 }
             }
         }
-        let info = info?;
+        let addr = addr?;
         let link = Arc::new(NodeLink::new(
             Some(node_id),
-            info.addr,
+            addr,
             self.inner.endpoint.clone(),
             self.inner.strict_tls.clone(),
             self.inner.link_settings.clone(),
@@ -797,7 +797,7 @@ impl Client {
         ));
         let mut links = self.inner.links.lock().ok()?;
         let current = links.entry(node_id).or_insert_with(|| link.clone());
-        if current.addr != info.addr {
+        if current.addr != addr {
             *current = link;
         }
         Some(current.clone())
@@ -821,9 +821,11 @@ impl Client {
 
     fn pick_target(&self, group: Option<u32>, avoid: Option<SocketAddr>) -> Option<Target> {
         if let Some(group) = group {
-            if let Some(leader) = self.read_routing(|r| r.leader(group)) {
-                if let Some(link) = self.link_for(leader.node_id) {
-                    if Some(leader.addr) != avoid && !link.is_suspect() {
+            if let Some((leader, addr)) =
+                self.read_routing(|r| r.leader(group).map(|node| (node.node_id, node.addr)))
+            {
+                if let Some(link) = self.link_for(leader) {
+                    if Some(addr) != avoid && !link.is_suspect() {
                         return Some(Target {
                             link,
                             forward: false,

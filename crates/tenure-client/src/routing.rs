@@ -128,9 +128,9 @@ impl RoutingState {
     }
 
     /// The known leader of a group and its address.
-    pub fn leader(&self, group: u32) -> Option<NodeInfo> {
+    pub fn leader(&self, group: u32) -> Option<&NodeInfo> {
         let leader = self.leaders.get(group as usize)?.leader?;
-        self.nodes.get(&leader).cloned()
+        self.nodes.get(&leader)
     }
 
     /// Leadership of every group, indexed by group id.
