@@ -3,8 +3,13 @@
 # Called by run.sh and test.sh; safe to run repeatedly (does nothing when all are present).
 #   libclang-dev: RocksDB's bindgen (tenure-storage compiles RocksDB from source)
 #   prometheus:   promtool, which checks ops/prometheus (rules, their unit tests, the scrape config)
+#   protobuf-compiler: protoc, for the etcd client's generated gRPC code (loadgen's `etcd` feature)
+#   etcd-server, etcd-client: etcd and etcdctl, the baseline of bench/compare-etcd.sh and of
+#                 loadgen's etcd-target test
+# No service of these packages is started (policy-rc.d below); the tests and the benchmark start
+# their own servers on loopback.
 set -euo pipefail
-SYSTEM_PACKAGES=(libclang-dev prometheus)
+SYSTEM_PACKAGES=(libclang-dev prometheus protobuf-compiler etcd-server etcd-client)
 missing=()
 for package in "${SYSTEM_PACKAGES[@]}"; do
   # "install ok installed" only: a removed package whose config files remain is missing too.
@@ -26,7 +31,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   if [ "$created_policy" -eq 1 ]; then $SUDO rm -f "$policy"; fi
-  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
-    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
-  fi
+  for service in prometheus etcd; do
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$service" 2>/dev/null; then
+      $SUDO systemctl disable --now "$service" >/dev/null 2>&1 || true
+    fi
+  done
 fi

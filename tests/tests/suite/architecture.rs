@@ -195,3 +195,20 @@ fn tenure_client_depends_on_no_server_storage_or_raft() {
         ],
     );
 }
+
+#[test]
+fn tenure_loadgen_sees_tenure_only_as_a_client() {
+    // The load generator measures tenure the way it measures etcd: through client libraries.
+    assert_tree_excludes(
+        "tenure-loadgen",
+        "tenure-client",
+        &[
+            "tenure-server",
+            "tenure-storage",
+            "tenure-transport",
+            "openraft",
+            "rocksdb",
+            "librocksdb-sys",
+        ],
+    );
+}
