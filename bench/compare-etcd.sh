@@ -13,7 +13,8 @@
 # that run reached (latency from the intended start). hold acquires $HOLD_LEASES leases and keeps
 # them for $HOLD_S seconds; expiry lets $EXPIRY_LEASES leases expire at once. Server CPU is read
 # from /proc for each run. It prints a side-by-side table with ratios and writes every JSON report,
-# SVG plot and log under $OUT (default bench/results/compare-<time>).
+# SVG plot and log under $OUT (default bench/results/compare-<time>). TENURE_GROUPS sets tenure's
+# Raft group count (default 64, as ./scripts/run.sh).
 #
 # Bounded: every loadgen run has its own timeout and the whole script stops itself after
 # $TIME_LIMIT_S seconds (default 2700); the servers are stopped and their data deleted on exit.
@@ -29,6 +30,7 @@ WORKERS=${WORKERS:-256}
 HOLD_LEASES=${HOLD_LEASES:-100000}
 HOLD_S=${HOLD_S:-30}
 EXPIRY_LEASES=${EXPIRY_LEASES:-10000}
+TENURE_GROUPS=${TENURE_GROUPS:-64}
 TIME_LIMIT_S=${TIME_LIMIT_S:-2700}
 OUT=${OUT:-bench/results/compare-$(date -u +%Y%m%dT%H%M%SZ)}
 
@@ -86,7 +88,7 @@ server_tree() {
 }
 
 start_tenure() {
-  "$bin/tenure" dev --base-port 0 --data-dir "$work/tenure" --duration-s "$TIME_LIMIT_S" \
+  "$bin/tenure" dev --base-port 0 --groups "$TENURE_GROUPS" --data-dir "$work/tenure" --duration-s "$TIME_LIMIT_S" \
     >"$OUT/tenure-dev.log" 2>&1 &
   server_pids=($!)
   for _ in $(seq 600); do [ -s "$work/tenure/cluster.json" ] && return 0; sleep 0.1; done
