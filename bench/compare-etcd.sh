@@ -26,7 +26,7 @@ SCENARIOS=${SCENARIOS:-"acquire mixed hold contended expiry"}
 TARGETS=${TARGETS:-"tenure etcd"}
 DURATION=${DURATION:-20s}
 WARMUP=${WARMUP:-3s}
-WORKERS=${WORKERS:-256}
+WORKERS=${WORKERS:-1024}
 HOLD_LEASES=${HOLD_LEASES:-100000}
 HOLD_S=${HOLD_S:-30}
 EXPIRY_LEASES=${EXPIRY_LEASES:-10000}
@@ -91,7 +91,11 @@ start_tenure() {
   "$bin/tenure" dev --base-port 0 --groups "$TENURE_GROUPS" --data-dir "$work/tenure" --duration-s "$TIME_LIMIT_S" \
     >"$OUT/tenure-dev.log" 2>&1 &
   server_pids=($!)
-  for _ in $(seq 600); do [ -s "$work/tenure/cluster.json" ] && return 0; sleep 0.1; done
+  for _ in $(seq 600); do
+    [ -s "$work/tenure/cluster.json" ] && return 0
+    kill -0 "${server_pids[0]}" 2>/dev/null || break
+    sleep 0.1
+  done
   echo "compare-etcd: tenure dev did not become ready; see $OUT/tenure-dev.log" >&2
   exit 1
 }
@@ -100,6 +104,12 @@ ETCD_ENDPOINTS=127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793
 start_etcd() {
   local cluster="e1=http://127.0.0.1:23801,e2=http://127.0.0.1:23802,e3=http://127.0.0.1:23803" i
   server_pids=()
+  for port in 23791 23792 23793 23801 23802 23803; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "compare-etcd: 127.0.0.1:$port is already in use (a leftover etcd?)" >&2
+      exit 1
+    fi
+  done
   for i in 1 2 3; do
     etcd --name "e$i" --data-dir "$work/etcd$i" \
       --listen-client-urls "http://127.0.0.1:2379$i" --advertise-client-urls "http://127.0.0.1:2379$i" \
@@ -166,7 +176,9 @@ run_target() {
         throughput=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['throughput_ops_per_s'])" \
           "$OUT/$target-$scenario-sat.json" 2>/dev/null || echo 0)
         rate=$(python3 -c "import sys; print(max(1, round(float(sys.argv[1]) / 2)))" "$throughput")
-        run_loadgen "$target-$scenario-half" "$target" --scenario "$scenario" --workers "$WORKERS" \
+        # At least one operation per worker per minute (loadgen's bound).
+        half_workers=$(python3 -c "import sys; print(max(1, min(int(sys.argv[1]), int(sys.argv[2]) * 60)))" "$WORKERS" "$rate")
+        run_loadgen "$target-$scenario-half" "$target" --scenario "$scenario" --workers "$half_workers" \
           --rate "$rate" --warmup "$WARMUP" --duration "$DURATION" || true
         ;;
       hold)

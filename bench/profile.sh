@@ -18,17 +18,30 @@ fi
 cargo build --release --locked -p tenure-server --bin tenure -p tenure-loadgen --bin loadgen --features tenure-loadgen/etcd
 bin="${CARGO_TARGET_DIR:-target}/release"
 work=$(mktemp -d /tmp/tenure-profile.XXXXXX)
+dev=""; load=""
+cleanup() {
+  [ -n "$load" ] && kill "$load" 2>/dev/null || true
+  [ -n "$dev" ] && kill -TERM "$dev" 2>/dev/null || true
+  [ -n "$dev" ] && wait "$dev" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
 "$bin/tenure" dev --base-port 0 --data-dir "$work/dev" --duration-s $((DURATION_S + 60)) >"$work/dev.log" 2>&1 &
 dev=$!
-trap 'kill -TERM $dev 2>/dev/null; wait $dev 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 600); do [ -s "$work/dev/cluster.json" ] && break; sleep 0.1; done
-pids=$(pgrep -P "$dev" | paste -sd, -)
+if [ ! -s "$work/dev/cluster.json" ]; then
+  echo "profile: tenure dev did not become ready:" >&2; tail -20 "$work/dev.log" >&2; exit 1
+fi
+pids=$(pgrep -P "$dev" | paste -sd, - || true)
+[ -n "$pids" ] || { echo "profile: no node processes under tenure dev" >&2; exit 1; }
 "$bin/loadgen" --target tenure --cluster "$work/dev/cluster.json" --scenario "$SCENARIO" \
   --workers "$WORKERS" --duration "${DURATION_S}s" --quiet >"$work/loadgen.txt" 2>&1 &
 load=$!
 sleep $((DURATION_S / 4))
-perf record -F 499 -g -p "$pids" -o "$work/perf.data" -- sleep 10 >/dev/null 2>&1
-wait $load
+perf record -F 499 -g -p "$pids" -o "$work/perf.data" -- sleep 10 >/dev/null 2>"$work/perf.err" \
+  || { echo "profile: perf record failed:" >&2; cat "$work/perf.err" >&2; exit 1; }
+wait "$load" || { echo "profile: loadgen failed:" >&2; cat "$work/loadgen.txt" >&2; exit 1; }
+load=""
 cat "$work/loadgen.txt"
 echo "== CPU of the three nodes by component (perf, 10 s under load)"
 perf report -i "$work/perf.data" --no-children --sort comm,dso,sym --stdio -g none 2>/dev/null \

@@ -107,9 +107,9 @@ fn loadgen(etcd: &Etcd, dir: &Path, name: &str, extra: &[&str]) -> serde_json::V
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{name}: {stdout}\n{stderr}");
     println!("{name}: {stdout}");
-    // One progress line per second on stderr.
+    // One progress line per second on stderr (the last second may end with the run).
     assert!(
-        stderr.lines().filter(|line| line.contains("ops/s")).count() >= 3,
+        stderr.lines().filter(|line| line.contains("ops/s")).count() >= 2,
         "{stderr}"
     );
     let svg = std::fs::read_to_string(&plot).unwrap();

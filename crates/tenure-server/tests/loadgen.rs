@@ -84,6 +84,9 @@ fn config(scenario: ScenarioKind, keyspace: u64, distribution: KeyDistribution) 
     }
 }
 
+/// Codes of transient failures (the operation may be retried).
+const RETRYABLE: [&str; 3] = ["DEADLINE_EXCEEDED", "UNAVAILABLE", "NOT_LEADER"];
+
 fn rand_tag() -> u32 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(1);
@@ -119,13 +122,25 @@ async fn run_checked(
     ] {
         assert!(json.get(key).is_some(), "{name}: {key} missing");
     }
+    // A busy 2-core machine may time out an operation now and then: retryable codes are
+    // tolerated up to 1% of the operations; any other code not in `allowed` fails the run.
+    let mut retryable = 0;
     for (code, count) in &report.errors {
+        if RETRYABLE.contains(&code.as_str()) {
+            retryable += count;
+            continue;
+        }
         assert!(
             allowed.contains(&code.as_str()),
             "{name}: {count} unexpected {code} errors: {}",
             report.table()
         );
     }
+    assert!(
+        retryable * 100 <= report.ops_total.max(100),
+        "{name}: {retryable} retryable errors: {}",
+        report.table()
+    );
     (report, json)
 }
 
@@ -178,6 +193,8 @@ async fn loadgen_scenarios_against_a_real_cluster() {
         KeyDistribution::Zipf { exponent: 1.1 },
     );
     contended.rate_ops_per_s = Some(400.0);
+    // 64 workers: each has 160 ms per operation, far above its latency even on a busy machine.
+    contended.workers = 64;
     let (report, json) = run_checked(
         "loadgen contended open loop",
         &native,
@@ -186,8 +203,8 @@ async fn loadgen_scenarios_against_a_real_cluster() {
     )
     .await;
     assert!(report.errors.get("ALREADY_HELD").copied().unwrap_or(0) > 0);
-    // Open loop issues on schedule: about rate x measured time (the schedule spans the
-    // warm-up too; operations answered after the end still count).
+    // Open loop issues on schedule: about rate x measured time (operations answered after the
+    // end still count; any never issued would count as NOT_ISSUED and fail the run above).
     let expected = 400.0 * report.duration_s;
     assert!(
         (report.ops_total as f64) > expected * 0.75 && (report.ops_total as f64) < expected * 1.25,
@@ -201,6 +218,7 @@ async fn loadgen_scenarios_against_a_real_cluster() {
     // client library in batches; none may be lost.
     let mut hold = config(ScenarioKind::Hold, 1, KeyDistribution::Uniform);
     hold.leases = 2000;
+    hold.workers = 64;
     hold.ttl = Duration::from_secs(6);
     hold.duration = Duration::from_secs(5);
     let (report, json) = run_checked("loadgen hold", &native, &hold, &[]).await;

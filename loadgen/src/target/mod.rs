@@ -13,7 +13,7 @@ pub mod etcd;
 
 use std::time::Duration;
 
-/// Upper bound of one operation, retries included.
+/// Upper bound of one operation, every round trip and retry included.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A failed or refused operation.
@@ -110,6 +110,13 @@ pub enum HoldHandle {
     Manual(HeldLease),
 }
 
+/// Bounds a whole operation (all its round trips) by [`OP_TIMEOUT`].
+async fn bounded<T>(operation: impl Future<Output = Result<T, OpError>>) -> Result<T, OpError> {
+    tokio::time::timeout(OP_TIMEOUT, operation)
+        .await
+        .unwrap_or_else(|_| Err(OpError::new("DEADLINE_EXCEEDED", "operation timed out")))
+}
+
 impl Target {
     /// The kind of this target.
     pub fn kind(&self) -> TargetKind {
@@ -128,42 +135,54 @@ impl Target {
         holder: &str,
         ttl: Duration,
     ) -> Result<HeldLease, OpError> {
-        match self {
-            Target::Tenure(target) => target.acquire(resource, holder, ttl).await,
-            Target::Http(target) => target.acquire(resource, holder, ttl).await,
-            #[cfg(feature = "etcd")]
-            Target::Etcd(target) => target.acquire(resource, holder, ttl).await,
-        }
+        bounded(async {
+            match self {
+                Target::Tenure(target) => target.acquire(resource, holder, ttl).await,
+                Target::Http(target) => target.acquire(resource, holder, ttl).await,
+                #[cfg(feature = "etcd")]
+                Target::Etcd(target) => target.acquire(resource, holder, ttl).await,
+            }
+        })
+        .await
     }
 
     /// Extends a held lease by `ttl`.
     pub async fn renew(&self, lease: &HeldLease, ttl: Duration) -> Result<(), OpError> {
-        match self {
-            Target::Tenure(target) => target.renew(lease, ttl).await,
-            Target::Http(target) => target.renew(lease, ttl).await,
-            #[cfg(feature = "etcd")]
-            Target::Etcd(target) => target.renew(lease).await,
-        }
+        bounded(async {
+            match self {
+                Target::Tenure(target) => target.renew(lease, ttl).await,
+                Target::Http(target) => target.renew(lease, ttl).await,
+                #[cfg(feature = "etcd")]
+                Target::Etcd(target) => target.renew(lease).await,
+            }
+        })
+        .await
     }
 
     /// Gives a lease back.
     pub async fn release(&self, lease: &HeldLease) -> Result<(), OpError> {
-        match self {
-            Target::Tenure(target) => target.release(lease).await,
-            Target::Http(target) => target.release(lease).await,
-            #[cfg(feature = "etcd")]
-            Target::Etcd(target) => target.release(lease).await,
-        }
+        bounded(async {
+            match self {
+                Target::Tenure(target) => target.release(lease).await,
+                Target::Http(target) => target.release(lease).await,
+                #[cfg(feature = "etcd")]
+                Target::Etcd(target) => target.release(lease).await,
+            }
+        })
+        .await
     }
 
     /// Reads a resource; `true` when a lease is active on it.
     pub async fn get(&self, resource: &str) -> Result<bool, OpError> {
-        match self {
-            Target::Tenure(target) => target.get(resource).await,
-            Target::Http(target) => target.get(resource).await,
-            #[cfg(feature = "etcd")]
-            Target::Etcd(target) => target.get(resource).await,
-        }
+        bounded(async {
+            match self {
+                Target::Tenure(target) => target.get(resource).await,
+                Target::Http(target) => target.get(resource).await,
+                #[cfg(feature = "etcd")]
+                Target::Etcd(target) => target.get(resource).await,
+            }
+        })
+        .await
     }
 
     /// Takes a lease to hold: tenure hands it to the client library's renewer; the others
