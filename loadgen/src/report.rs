@@ -241,17 +241,25 @@ impl Report {
             .map(|op| ms(op.latency_us.max))
             .fold(0.1, f64::max)
             * 1.5;
+        // From half the smallest median down the curves, so the curves fill the panel.
+        let latency_min = self
+            .ops
+            .values()
+            .map(|op| ms(op.latency_us.p50) / 2.0)
+            .fold(f64::INFINITY, f64::min)
+            .clamp(0.001, latency_max / 10.0);
         let mut chart = ChartBuilder::on(&areas[2])
             .caption("latency by percentile, per operation", ("sans-serif", 16))
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(70)
-            .build_cartesian_2d(0.0..5.2, (0.01..latency_max).log_scale())
+            .build_cartesian_2d(0.0..5.0, (latency_min..latency_max).log_scale())
             .map_err(|e| error(&e))?;
         chart
             .configure_mesh()
             .x_desc("percentile")
             .y_desc("ms")
+            .x_labels(6)
             .x_label_formatter(&|nines| percentile_label(*nines))
             .draw()
             .map_err(|e| error(&e))?;
@@ -262,7 +270,12 @@ impl Report {
                 .curve
                 .iter()
                 .filter(|(percentile, _)| *percentile < 100.0)
-                .map(|(percentile, us)| (-(1.0 - percentile / 100.0).log10(), ms(*us).max(0.01)))
+                .map(|(percentile, us)| {
+                    (
+                        -(1.0 - percentile / 100.0).log10(),
+                        ms(*us).max(latency_min),
+                    )
+                })
                 .collect();
             chart
                 .draw_series(LineSeries::new(points, &color))
@@ -274,7 +287,7 @@ impl Report {
             .configure_series_labels()
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(SeriesLabelPosition::LowerRight)
             .draw()
             .map_err(|e| error(&e))?;
         root.present().map_err(|e| error(&e))?;
