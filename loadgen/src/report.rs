@@ -16,6 +16,17 @@ use serde_json::Value;
 use crate::scenario::{RunOutcome, ms};
 use crate::stats::{IntervalSample, OpSummary, Percentiles};
 
+/// Top-level keys of the JSON report that scripts rely on (the contract; per operation
+/// also `ops.<name>.latency_us.{p50,p90,p99,p999,max}`).
+pub const REPORT_KEYS: [&str; 6] = [
+    "target",
+    "scenario",
+    "duration_s",
+    "ops_total",
+    "throughput_ops_per_s",
+    "errors",
+];
+
 /// A finished run, ready to print and write.
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -378,14 +389,17 @@ mod tests {
     fn json_has_the_keys_scripts_rely_on() {
         let report = sample_report();
         let value = serde_json::to_value(&report).unwrap();
-        for key in [
+        // The literal list is the contract; REPORT_KEYS must say the same.
+        let contract = [
             "target",
             "scenario",
             "duration_s",
             "ops_total",
             "throughput_ops_per_s",
             "errors",
-        ] {
+        ];
+        assert_eq!(REPORT_KEYS, contract);
+        for key in contract {
             assert!(value.get(key).is_some(), "{key} missing");
         }
         assert_eq!(value["errors"]["ALREADY_HELD"], 10);

@@ -194,6 +194,26 @@ pub struct RunOutcome {
     pub details: Value,
 }
 
+impl RunOutcome {
+    /// The outcome of a run whose throughput is every answered operation in `recorder`.
+    fn of_operations(
+        recorder: &Recorder,
+        measured_s: f64,
+        timeline: Vec<IntervalSample>,
+        details: Value,
+    ) -> Self {
+        let summary = recorder.summary();
+        RunOutcome {
+            measured_s,
+            latency_us: recorder.overall(),
+            ops_total: summary.iter().map(|(_, op)| op.count).sum(),
+            summary,
+            timeline,
+            details,
+        }
+    }
+}
+
 /// Errors that stop a run.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
@@ -551,8 +571,7 @@ async fn run_mix(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome,
         missed += worker_missed;
     }
     let (timeline, measured_s) = reporter.finish(end).await?;
-    let summary = recorder.summary();
-    let ops_total = summary.iter().map(|(_, op)| op.count).sum();
+    let ops_total: u64 = recorder.summary().iter().map(|(_, op)| op.count).sum();
     let mut details = json!({ "operations_issued_including_warmup": issued });
     if let Some(rate) = config.rate_ops_per_s {
         #[allow(clippy::cast_precision_loss)]
@@ -563,14 +582,9 @@ async fn run_mix(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome,
             "scheduled_but_not_issued_by_the_end": missed,
         });
     }
-    Ok(RunOutcome {
-        measured_s,
-        latency_us: recorder.overall(),
-        summary,
-        timeline,
-        ops_total,
-        details,
-    })
+    Ok(RunOutcome::of_operations(
+        &recorder, measured_s, timeline, details,
+    ))
 }
 
 /// CPU seconds (user + system) this process has used, from `/proc/self/stat`.
@@ -1285,16 +1299,9 @@ async fn run_expiry(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutco
         "background_before_expiry": window(0.0, acquire_from),
         "background_during_reclaim": window(expiry_from, expiry_to),
     });
-    let summary = recorder.summary();
-    let ops_total = summary.iter().map(|(_, op)| op.count).sum();
-    Ok(RunOutcome {
-        measured_s,
-        latency_us: recorder.overall(),
-        summary,
-        timeline,
-        ops_total,
-        details,
-    })
+    Ok(RunOutcome::of_operations(
+        &recorder, measured_s, timeline, details,
+    ))
 }
 
 #[cfg(test)]

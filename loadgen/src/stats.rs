@@ -187,6 +187,15 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Adds one to `code`'s count, allocating its key only the first time.
+fn count_code(counts: &mut BTreeMap<String, u64>, code: &str) {
+    if let Some(count) = counts.get_mut(code) {
+        *count += 1;
+    } else {
+        counts.insert(code.to_owned(), 1);
+    }
+}
+
 /// Microseconds of a latency, clamped to the histogram's range.
 pub fn latency_us(latency: Duration) -> u64 {
     u64::try_from(latency.as_micros())
@@ -212,12 +221,8 @@ impl Recorder {
         match outcome {
             Ok(()) => counters.ok += 1,
             Err(code) => {
-                if let Some(count) = counters.errors.get_mut(code) {
-                    *count += 1;
-                } else {
-                    counters.errors.insert(code.to_owned(), 1);
-                }
-                *counters.interval_errors.entry(code.to_owned()).or_insert(0) += 1;
+                count_code(&mut counters.errors, code);
+                count_code(&mut counters.interval_errors, code);
             }
         }
     }

@@ -116,14 +116,7 @@ fn loadgen(etcd: &Etcd, dir: &Path, name: &str, extra: &[&str]) -> serde_json::V
     assert!(svg.starts_with("<svg") && svg.contains("latency by percentile"));
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    for key in [
-        "target",
-        "scenario",
-        "duration_s",
-        "ops_total",
-        "throughput_ops_per_s",
-        "errors",
-    ] {
+    for key in tenure_loadgen::report::REPORT_KEYS {
         assert!(json.get(key).is_some(), "{name}: {key} missing in {json}");
     }
     assert_eq!(json["target"], "etcd");

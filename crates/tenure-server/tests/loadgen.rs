@@ -112,14 +112,7 @@ async fn run_checked(
     );
     print!("{name}: {}", report.table());
     let json = serde_json::to_value(&report).unwrap();
-    for key in [
-        "target",
-        "scenario",
-        "duration_s",
-        "ops_total",
-        "throughput_ops_per_s",
-        "errors",
-    ] {
+    for key in tenure_loadgen::report::REPORT_KEYS {
         assert!(json.get(key).is_some(), "{name}: {key} missing");
     }
     // A busy 2-core machine may time out an operation now and then: retryable codes are

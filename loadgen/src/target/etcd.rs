@@ -47,7 +47,8 @@ fn op_error(error: etcd_client::Error) -> OpError {
     }
 }
 
-async fn bounded<T>(
+/// Bounds the connection attempt (operations are bounded as a whole by `Target`).
+async fn connect_bounded<T>(
     future: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, OpError> {
     match tokio::time::timeout(OP_TIMEOUT, future).await {
@@ -67,7 +68,7 @@ impl EtcdTarget {
             .with_connect_timeout(Duration::from_secs(5))
             // Above our own bound, so a timeout always shows as DEADLINE_EXCEEDED.
             .with_timeout(OP_TIMEOUT + Duration::from_secs(1));
-        let client = bounded(Client::connect(endpoints, Some(options))).await?;
+        let client = connect_bounded(Client::connect(endpoints, Some(options))).await?;
         Ok(EtcdTarget { client, prefix })
     }
 
@@ -82,7 +83,10 @@ impl EtcdTarget {
         ttl: Duration,
     ) -> Result<HeldLease, OpError> {
         let mut client = self.client.clone();
-        let grant = bounded(client.lease_grant(ttl_seconds(ttl), None)).await?;
+        let grant = client
+            .lease_grant(ttl_seconds(ttl), None)
+            .await
+            .map_err(op_error)?;
         let lease_id = grant.id();
         let key = self.key(resource);
         let txn = Txn::new()
@@ -92,7 +96,7 @@ impl EtcdTarget {
                 holder,
                 Some(PutOptions::new().with_lease(lease_id)),
             )]);
-        let answer = bounded(client.txn(txn)).await?;
+        let answer = client.txn(txn).await.map_err(op_error)?;
         if answer.succeeded() {
             let revision = answer.header().map_or(0, |header| header.revision());
             Ok(HeldLease {
@@ -103,7 +107,7 @@ impl EtcdTarget {
             })
         } else {
             // Someone holds the key: give the unused lease back.
-            let _ = bounded(client.lease_revoke(lease_id)).await;
+            let _ = client.lease_revoke(lease_id).await;
             Err(OpError::new("ALREADY_HELD", format!("{key} is held")))
         }
     }
@@ -116,7 +120,11 @@ impl EtcdTarget {
         // `lease_keep_alive` opens the stream, sends one keep-alive and reads its answer; a TTL
         // of 0 in the answer comes back as `LeaseKeepAliveError` (mapped to LEASE_EXPIRED).
         // Dropping the keeper and the stream closes the stream.
-        bounded(client.lease_keep_alive(lease_id)).await.map(drop)
+        client
+            .lease_keep_alive(lease_id)
+            .await
+            .map_err(op_error)
+            .map(drop)
     }
 
     pub(super) async fn release(&self, lease: &HeldLease) -> Result<(), OpError> {
@@ -128,8 +136,8 @@ impl EtcdTarget {
         let txn = Txn::new()
             .when([Compare::lease(key.as_str(), CompareOp::Equal, lease_id)])
             .and_then([TxnOp::delete(key.as_str(), None)]);
-        let answer = bounded(client.txn(txn)).await?;
-        let revoked = bounded(client.lease_revoke(lease_id)).await;
+        let answer = client.txn(txn).await.map_err(op_error)?;
+        let revoked = client.lease_revoke(lease_id).await.map_err(op_error);
         if !answer.succeeded() {
             return Err(OpError::new("LEASE_MISMATCH", format!("{key} is not ours")));
         }
@@ -143,7 +151,10 @@ impl EtcdTarget {
 
     pub(super) async fn get(&self, resource: &str) -> Result<bool, OpError> {
         let mut client = self.client.clone();
-        let answer = bounded(client.get(self.key(resource), None)).await?;
+        let answer = client
+            .get(self.key(resource), None)
+            .await
+            .map_err(op_error)?;
         Ok(!answer.kvs().is_empty())
     }
 }

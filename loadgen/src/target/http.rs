@@ -16,7 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-use super::{HeldLease, LeaseRef, OP_TIMEOUT, OpError};
+use super::{HeldLease, LeaseRef, OpError};
 
 /// Largest response body read (a lease answer is far smaller).
 const RESPONSE_BYTES_MAX: usize = 1 << 20;
@@ -106,24 +106,19 @@ impl HttpTarget {
         let request = builder
             .body(Full::new(body))
             .map_err(|error| OpError::new("INVALID_REQUEST", error.to_string()))?;
-        let exchange = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|error| OpError::new("UNREACHABLE", format!("{uri}: {error}")))?;
-            let status = response.status();
-            let limited = http_body_util::Limited::new(response.into_body(), RESPONSE_BYTES_MAX);
-            let bytes = limited
-                .collect()
-                .await
-                .map_err(|error| OpError::new("PROTOCOL", format!("{uri}: body: {error}")))?
-                .to_bytes();
-            Ok::<_, OpError>((status, bytes))
-        };
-        let (status, bytes) = tokio::time::timeout(OP_TIMEOUT, exchange)
+        // No timeout here: `Target` bounds the whole operation.
+        let response = self
+            .client
+            .request(request)
             .await
-            .map_err(|_| OpError::new("DEADLINE_EXCEEDED", format!("{uri}: no answer")))??;
+            .map_err(|error| OpError::new("UNREACHABLE", format!("{uri}: {error}")))?;
+        let status = response.status();
+        let limited = http_body_util::Limited::new(response.into_body(), RESPONSE_BYTES_MAX);
+        let bytes = limited
+            .collect()
+            .await
+            .map_err(|error| OpError::new("PROTOCOL", format!("{uri}: body: {error}")))?
+            .to_bytes();
         let value: Value = serde_json::from_slice(&bytes).map_err(|error| {
             OpError::new("PROTOCOL", format!("{uri}: {status}: not JSON: {error}"))
         })?;

@@ -194,8 +194,7 @@ impl Target {
         ttl: Duration,
     ) -> Result<HoldHandle, OpError> {
         match self {
-            Target::Tenure(target) => target
-                .hold_acquire(resource, holder, ttl)
+            Target::Tenure(target) => bounded(target.hold_acquire(resource, holder, ttl))
                 .await
                 .map(HoldHandle::Tenure),
             _ => self

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tenure_client::{AcquireOptions, Client, ClientError, Lease, ResourceKey};
 
-use super::{HeldLease, LeaseRef, OP_TIMEOUT, OpError};
+use super::{HeldLease, LeaseRef, OpError};
 
 /// A connected native client.
 pub struct TenureTarget {
@@ -99,15 +99,9 @@ impl TenureTarget {
         holder: &str,
         ttl: Duration,
     ) -> Result<Lease, OpError> {
-        match tokio::time::timeout(
-            OP_TIMEOUT,
-            self.client
-                .acquire(self.tenant.as_str(), resource, holder, ttl),
-        )
-        .await
-        {
-            Ok(result) => result.map_err(op_error),
-            Err(_) => Err(OpError::new("DEADLINE_EXCEEDED", "acquire timed out")),
-        }
+        self.client
+            .acquire(self.tenant.as_str(), resource, holder, ttl)
+            .await
+            .map_err(op_error)
     }
 }
