@@ -4,12 +4,14 @@
 #   libclang-dev: RocksDB's bindgen (tenure-storage compiles RocksDB from source)
 #   prometheus:   promtool, which checks ops/prometheus (rules, their unit tests, the scrape config)
 #   protobuf-compiler: protoc, for the etcd client's generated gRPC code (loadgen's `etcd` feature)
+#   libprotobuf-dev: the well-known .proto files protoc imports (google/protobuf/descriptor.proto);
+#                 protobuf-compiler only recommends it, and recommends are not installed here
 #   etcd-server, etcd-client: etcd and etcdctl, the baseline of bench/compare-etcd.sh and of
 #                 loadgen's etcd-target test
 # No service of these packages is started (policy-rc.d below); the tests and the benchmark start
 # their own servers on loopback.
 set -euo pipefail
-SYSTEM_PACKAGES=(libclang-dev prometheus protobuf-compiler etcd-server etcd-client)
+SYSTEM_PACKAGES=(libclang-dev prometheus protobuf-compiler libprotobuf-dev etcd-server etcd-client)
 missing=()
 for package in "${SYSTEM_PACKAGES[@]}"; do
   # "install ok installed" only: a removed package whose config files remain is missing too.

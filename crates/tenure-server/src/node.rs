@@ -33,7 +33,8 @@ use tenure_proto::client::{
 use tenure_storage::{NodeStorage, StorageOptions};
 use tenure_transport::tls::NodeTls;
 use tenure_transport::{
-    GroupNetworkFactory, GroupRaft, GroupRegistry, GroupTable, Transport, TransportConfig,
+    FaultInjector, GroupNetworkFactory, GroupRaft, GroupRegistry, GroupTable, Transport,
+    TransportConfig,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -45,6 +46,7 @@ use crate::client_server::ClientServer;
 use crate::clock::{MonotonicClock, SystemClock};
 use crate::config::ServerConfig;
 use crate::error::ServerError;
+use crate::fault_control::FaultControls;
 use crate::forward::Forwarder;
 use crate::group::{GroupHandle, GroupSettings, LeaderView};
 use crate::metrics as m;
@@ -67,6 +69,7 @@ pub struct NodeShared {
     metrics_handle: Option<metrics_exporter_prometheus::PrometheusHandle>,
     shutting_down: AtomicBool,
     admission: Admission,
+    fault_controls: Option<Arc<FaultControls>>,
 }
 
 impl std::fmt::Debug for NodeShared {
@@ -141,14 +144,14 @@ impl Node {
         let spool_dir = config.data_dir.join("spool");
         std::fs::create_dir_all(&spool_dir)
             .map_err(|e| ServerError::io(format!("creating {}", spool_dir.display()), e))?;
-        let storage = NodeStorage::open(
-            &config.data_dir.join("db"),
-            StorageOptions {
-                fsync: config.storage.fsync,
-                block_cache_bytes: config.storage.block_cache_bytes,
-                write_buffer_bytes: config.storage.write_buffer_bytes,
-            },
-        )?;
+        let storage_options = StorageOptions {
+            fsync: config.storage.fsync,
+            block_cache_bytes: config.storage.block_cache_bytes,
+            write_buffer_bytes: config.storage.write_buffer_bytes,
+            ..StorageOptions::default()
+        };
+        let wal_sync_delay_us = storage_options.injected_sync_delay_us.clone();
+        let storage = NodeStorage::open(&config.data_dir.join("db"), storage_options)?;
         let tls = NodeTls::load(
             node_id,
             &config.tls.ca_cert,
@@ -173,16 +176,18 @@ impl Node {
         let table = Arc::new(GroupTable::new(spool_dir));
         let registry: Arc<dyn GroupRegistry> = table.clone();
         let client_server = ClientServer::new();
+        // The transport's fault layer exists only on a node whose faults tests control.
+        let link_faults = config
+            .testing
+            .fault_control
+            .then(|| Arc::new(FaultInjector::new(transport_config.seed)));
         let transport = Transport::start_with_clients(
             transport_config.clone(),
             &tls,
             registry.clone(),
-            None,
+            link_faults.clone(),
             Some(client_server.clone()),
         )?;
-        let forward_config =
-            tls.quinn_client_config_for(Arc::new(quinn::TransportConfig::default()), CLIENT_ALPN)?;
-        let forwarder = Forwarder::new(transport.endpoint(), forward_config, peer_addrs);
 
         let mut raft_config = timing
             .openraft_config()
@@ -191,10 +196,11 @@ impl Node {
         raft_config.snapshot_policy =
             openraft::SnapshotPolicy::LogsSinceLast(config.timing.snapshot_every_entries);
         let raft_config = Arc::new(raft_config);
-        let clock: Arc<dyn MonotonicClock> = Arc::new(SystemClock::skewed(
+        let system_clock = Arc::new(SystemClock::skewed(
             config.testing.clock_rate_ppm,
             config.testing.clock_offset_ms,
         ));
+        let clock: Arc<dyn MonotonicClock> = system_clock.clone();
         if config.testing.clock_rate_ppm != 0 || config.testing.clock_offset_ms != 0 {
             warn!(
                 node = node_id,
@@ -203,6 +209,28 @@ impl Node {
                 "test clock skew is configured"
             );
         }
+        let fault_controls = link_faults.map(|links| {
+            warn!(
+                node = node_id,
+                "FAULT CONTROL IS ON: /testing/faults can skew this node's clock, slow its disk \
+                 and cut its links (tests only, never in production)"
+            );
+            Arc::new(FaultControls::new(
+                node_id,
+                node_ids.iter().copied(),
+                system_clock.clone(),
+                wal_sync_delay_us,
+                links,
+            ))
+        });
+        let forward_config =
+            tls.quinn_client_config_for(Arc::new(quinn::TransportConfig::default()), CLIENT_ALPN)?;
+        let forwarder = Forwarder::new(
+            transport.endpoint(),
+            forward_config,
+            peer_addrs,
+            fault_controls.clone(),
+        );
         let settings = GroupSettings {
             ops_per_entry_max: config.limits.ops_per_entry_max as usize,
             proposals_inflight_max: config.limits.proposals_inflight_per_group_max as usize,
@@ -288,6 +316,7 @@ impl Node {
                 tenant_max: config.limits.tenant_inflight_requests_max,
                 acquire_percent: config.limits.acquire_inflight_percent,
             }),
+            fault_controls,
             config,
         });
         let service = Service {
@@ -435,6 +464,10 @@ fn error_code_label(error: &WireError) -> &'static str {
 }
 
 impl NodeShared {
+    pub(crate) fn fault_controls(&self) -> Option<Arc<FaultControls>> {
+        self.fault_controls.clone()
+    }
+
     fn hosted(&self) -> impl Iterator<Item = &Arc<GroupHandle>> {
         self.groups.iter().flatten()
     }
