@@ -245,6 +245,11 @@ pub struct TestingConfig {
     /// Offset added to this node's monotonic clock readings, in milliseconds, within +- one
     /// year. Default 0.
     pub clock_offset_ms: i64,
+    /// Serve `GET`/`POST /testing/faults` on the HTTP gateway: the fault-injection suite changes
+    /// this node's clock rate, adds a delay to every WAL sync (a slow disk) and drops its
+    /// traffic to chosen peers (a partition) while the node runs. Default false; never in
+    /// production (anyone who reaches the gateway could stall the node).
+    pub fault_control: bool,
 }
 
 mod defaults {

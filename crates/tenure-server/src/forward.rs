@@ -22,6 +22,8 @@ use tenure_proto::client::{
 use tenure_transport::tls::node_server_name;
 use tokio::sync::Mutex;
 
+use crate::fault_control::FaultControls;
+
 /// Reads one length-prefixed frame body from a QUIC stream.
 pub async fn read_frame_body(
     recv: &mut quinn::RecvStream,
@@ -60,6 +62,9 @@ pub struct Forwarder {
     nodes: BTreeMap<u64, SocketAddr>,
     connections: Mutex<HashMap<u64, quinn::Connection>>,
     next_id: AtomicU64,
+    /// Fault injection (tests): requests to a node this node's traffic to is dropped fail as
+    /// UNAVAILABLE, as if the link were cut.
+    fault_controls: Option<Arc<FaultControls>>,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -72,11 +77,13 @@ impl std::fmt::Debug for Forwarder {
 
 impl Forwarder {
     /// A forwarder dialling from `endpoint` with `client_config` (ALPN of the client protocol,
-    /// this node's certificate) to the nodes' QUIC addresses.
+    /// this node's certificate) to the nodes' QUIC addresses; `fault_controls` (tests) may cut
+    /// its links.
     pub fn new(
         endpoint: quinn::Endpoint,
         client_config: quinn::ClientConfig,
         nodes: BTreeMap<u64, SocketAddr>,
+        fault_controls: Option<Arc<FaultControls>>,
     ) -> Arc<Self> {
         Arc::new(Forwarder {
             endpoint,
@@ -84,10 +91,20 @@ impl Forwarder {
             nodes,
             connections: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            fault_controls,
         })
     }
 
     async fn connection(&self, node: u64) -> Result<quinn::Connection, WireError> {
+        if self
+            .fault_controls
+            .as_ref()
+            .is_some_and(|controls| controls.drops_to(node))
+        {
+            return Err(unavailable(format!(
+                "the link to node {node} is cut (fault injection)"
+            )));
+        }
         let mut connections = self.connections.lock().await;
         if let Some(connection) = connections.get(&node) {
             if connection.close_reason().is_none() {

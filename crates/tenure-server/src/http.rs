@@ -99,6 +99,7 @@ use tenure_proto::client::{
 };
 
 use crate::auth;
+use crate::fault_control::{FaultControls, FaultSettings};
 use crate::service::{Readiness, RequestContext, Service};
 
 /// `POST`: acquire a lease.
@@ -119,6 +120,11 @@ pub const READYZ_PATH: &str = "/readyz";
 pub const METRICS_PATH: &str = "/metrics";
 /// `GET`: the OpenAPI document.
 pub const OPENAPI_PATH: &str = "/openapi.json";
+/// `GET`/`POST`: the fault knobs of a node started with `[testing] fault_control` (tests only,
+/// not part of the API: every other node answers 404). `POST` takes a
+/// [`crate::fault_control::FaultSettings`]; both answer the
+/// [`crate::fault_control::FaultState`].
+pub const TESTING_FAULTS_PATH: &str = "/testing/faults";
 
 /// Every route of [`router`] as `(method, path)`, paths in axum/OpenAPI template syntax.
 pub const ROUTES: [(&str, &str); 9] = [
@@ -222,6 +228,7 @@ trait Backend: Send + Sync + 'static {
     fn request_timeout(&self) -> Duration;
     fn http_body_bytes_max(&self) -> usize;
     fn node_id(&self) -> u64;
+    fn fault_controls(&self) -> Option<Arc<FaultControls>>;
 }
 
 impl Backend for Service {
@@ -259,6 +266,10 @@ impl Backend for Service {
 
     fn node_id(&self) -> u64 {
         Service::node_id(self)
+    }
+
+    fn fault_controls(&self) -> Option<Arc<FaultControls>> {
+        Service::fault_controls(self)
     }
 }
 
@@ -338,6 +349,10 @@ fn router_with(backend: Arc<dyn Backend>) -> Router {
         .route(READYZ_PATH, get(readyz))
         .route(METRICS_PATH, get(metrics))
         .route(OPENAPI_PATH, get(openapi))
+        .route(
+            TESTING_FAULTS_PATH,
+            get(testing_faults).post(set_testing_faults),
+        )
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
@@ -1199,6 +1214,39 @@ async fn healthz(State(state): State<AppState>) -> Response {
     .into_response()
 }
 
+/// The node's fault knobs, or the 404 every unknown route gets.
+fn fault_controls_of(state: &AppState, method: Method) -> Result<Arc<FaultControls>, ApiError> {
+    state.backend().fault_controls().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::NotFound,
+            format!("no route for {method} {TESTING_FAULTS_PATH}"),
+        )
+    })
+}
+
+async fn testing_faults(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let controls = fault_controls_of(&state, Method::GET)?;
+    Ok(axum::Json(controls.state()).into_response())
+}
+
+async fn set_testing_faults(
+    State(state): State<AppState>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let controls = fault_controls_of(&state, Method::POST)?;
+    let settings: FaultSettings = serde_json::from_slice(&body).map_err(|error| {
+        ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("fault settings: {error}"),
+        )
+    })?;
+    let applied = controls
+        .apply(&settings)
+        .map_err(|error| ApiError::new(ErrorCode::InvalidArgument, error))?;
+    tracing::warn!(?settings, "fault injection changed");
+    Ok(axum::Json(applied).into_response())
+}
+
 async fn readyz(State(state): State<AppState>) -> Response {
     let readiness = state.backend().readiness();
     let status = if readiness.ready {
@@ -1395,6 +1443,10 @@ mod tests {
 
         fn node_id(&self) -> u64 {
             7
+        }
+
+        fn fault_controls(&self) -> Option<Arc<FaultControls>> {
+            None
         }
     }
 

@@ -14,8 +14,11 @@
 //! - [`admission`]: in-flight bounds per node and tenant; renewals ahead of acquires.
 //! - [`auth`]: bearer tokens -> principals; tenant checks.
 //! - [`clock`]: the monotonic clock abstraction (and its skewed test variant).
+//! - [`fault_control`]: fault injection while the node runs (tests only: clock rate, slow WAL
+//!   syncs, cut links).
 //! - [`group`]: one hosted group: its leader clock, proposal batching, reads.
 //! - [`node`]: starting and stopping a node; placement; leader table; expiry; balancing.
+//! - [`serve`]: `tenure serve`: a node until SIGINT or SIGTERM, then a graceful stop.
 //! - [`service`]: one request, end to end: admission, auth, routing, forwarding, metrics.
 //! - [`client_server`]: the QUIC side of the client protocol.
 //! - [`forward`]: connections to other nodes' client endpoints for forwarding.
@@ -37,12 +40,14 @@ pub mod clock;
 pub mod config;
 pub mod dev;
 pub mod error;
+pub mod fault_control;
 pub mod forward;
 pub mod group;
 pub mod http;
 pub mod identity;
 pub mod metrics;
 pub mod node;
+pub mod serve;
 pub mod service;
 
 pub use config::ServerConfig;

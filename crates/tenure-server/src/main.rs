@@ -20,9 +20,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use tenure_server::{Node, ServerError, certs, config, dev};
-use tokio::signal::unix::{SignalKind, signal};
-use tracing::{error, info};
+use tenure_server::{ServerError, certs, config, dev};
 use tracing_subscriber::EnvFilter;
 
 /// The tenure lease service node.
@@ -207,47 +205,13 @@ fn print(text: &str) -> Result<(), Failure> {
 async fn serve(path: &Path) -> Result<(), Failure> {
     let config = config::load(path).map_err(Failure::config)?;
     let node_id = config.node_id;
-    // Listen before starting, so a signal during start-up is not lost.
-    let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
-    let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
-    let node = match Node::start(config).await {
-        Ok(node) => node,
-        Err(error @ ServerError::Config(_)) => return Err(Failure::config(error)),
-        Err(error) => {
-            return Err(anyhow::Error::new(error)
-                .context(format!("node {node_id}"))
-                .into());
-        }
-    };
-    info!(
-        node = node_id,
-        client = %node.client_addr(),
-        http = %node.http_addr(),
-        "node started"
-    );
-    let received = tokio::select! {
-        _ = interrupt.recv() => "SIGINT",
-        _ = terminate.recv() => "SIGTERM",
-    };
-    info!(
-        node = node_id,
-        "{received}: handing off leadership and stopping"
-    );
-    let stopping = tokio::spawn(node.shutdown_gracefully());
-    tokio::select! {
-        joined = stopping => {
-            if let Err(error) = joined {
-                error!(node = node_id, "shutdown failed: {error}");
-                return Err(anyhow::anyhow!("shutdown failed: {error}").into());
-            }
-        }
-        _ = interrupt.recv() => {
-            error!(node = node_id, "second SIGINT: exiting without finishing the shutdown");
-            return Err(anyhow::anyhow!("interrupted during shutdown").into());
-        }
+    match tenure_server::serve::serve_until_signalled(config).await {
+        Ok(()) => Ok(()),
+        Err(error @ ServerError::Config(_)) => Err(Failure::config(error)),
+        Err(error) => Err(anyhow::Error::new(error)
+            .context(format!("node {node_id}"))
+            .into()),
     }
-    info!(node = node_id, "stopped");
-    Ok(())
 }
 
 async fn run_dev(args: DevArgs) -> Result<(), Failure> {

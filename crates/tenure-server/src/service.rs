@@ -83,6 +83,11 @@ impl Service {
     pub fn node_id(&self) -> u64 {
         self.inner.config.node_id
     }
+
+    /// The node's fault knobs, when `[testing] fault_control` is on.
+    pub fn fault_controls(&self) -> Option<Arc<crate::fault_control::FaultControls>> {
+        self.inner.fault_controls()
+    }
 }
 
 /// `INVALID_ARGUMENT` with a message.

@@ -37,6 +37,9 @@ pub struct StorageOptions {
     pub block_cache_bytes: usize,
     /// Write buffer (memtable) size per column family, in bytes.
     pub write_buffer_bytes: usize,
+    /// Fault injection (a slow disk): microseconds added to every WAL sync, read at each sync
+    /// so a test can change it while the store runs. Zero, the default, adds nothing.
+    pub injected_sync_delay_us: Arc<AtomicU64>,
 }
 
 impl Default for StorageOptions {
@@ -45,6 +48,7 @@ impl Default for StorageOptions {
             fsync: true,
             block_cache_bytes: 64 << 20,
             write_buffer_bytes: 64 << 20,
+            injected_sync_delay_us: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -168,6 +172,9 @@ impl Inner {
     ) -> Result<(), StoreError> {
         let mut options = WriteOptions::default();
         options.set_sync(sync);
+        if sync {
+            self.injected_sync_delay();
+        }
         self.db.write_opt(batch, &options).map_err(|err| {
             self.stop_group(
                 group,
@@ -178,6 +185,14 @@ impl Inner {
                 },
             )
         })
+    }
+
+    /// Sleeps for the injected sync delay, if a test set one (a slow disk).
+    fn injected_sync_delay(&self) {
+        let delay_us = self.options.injected_sync_delay_us.load(Ordering::Relaxed);
+        if delay_us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay_us));
+        }
     }
 
     pub(crate) fn enqueue_flush(&self, callback: IOFlushed<TenureRaft>) {
@@ -204,6 +219,7 @@ impl Inner {
             };
             let started = std::time::Instant::now();
             let result = if self.options.fsync {
+                self.injected_sync_delay();
                 self.db.flush_wal(true).map_err(|err| err.to_string())
             } else {
                 Ok(())

@@ -342,3 +342,25 @@ async fn a_hole_inside_a_log_is_a_typed_error_not_a_short_read() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_injected_sync_delay_holds_every_durable_append_back_and_can_be_lifted() {
+    let dir = TempDir::new().unwrap();
+    let options = StorageOptions::default();
+    let delay_us = options.injected_sync_delay_us.clone();
+    let node = NodeStorage::open(dir.path(), options).unwrap();
+    let mut store = node.log_store(1);
+    delay_us.store(150_000, std::sync::atomic::Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    append_durably(&mut store, expire_entries(1..4)).await;
+    // A slow disk: the append is acknowledged only after the injected delay.
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "acknowledged after {:?}",
+        started.elapsed()
+    );
+    delay_us.store(0, std::sync::atomic::Ordering::Relaxed);
+    append_durably(&mut store, expire_entries(4..6)).await;
+    let read = store.try_get_log_entries(1..6).await.unwrap();
+    assert_eq!(read.len(), 5, "nothing appended under the delay was lost");
+}

@@ -181,6 +181,7 @@ impl LocalCluster {
                 fsync: self.options.fsync,
                 block_cache_bytes: 8 << 20,
                 write_buffer_bytes: 8 << 20,
+                ..StorageOptions::default()
             },
         )
         .map_err(|e| fail("opening node storage", e))?;

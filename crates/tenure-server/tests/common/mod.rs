@@ -239,6 +239,7 @@ pub fn node_config(
         testing: TestingConfig {
             clock_rate_ppm,
             clock_offset_ms,
+            ..TestingConfig::default()
         },
     }
 }
