@@ -260,8 +260,16 @@ impl GroupHandle {
         }
     }
 
-    /// Waits until a read at the returned log time is linearizable (ReadIndex: leadership
-    /// confirmed by a quorum, state applied up to the commit index at the read's start).
+    /// Waits until a read is linearizable (ReadIndex: leadership confirmed by a quorum, state
+    /// applied up to the commit index at the read's start) and returns the log time to evaluate
+    /// it at: that of the last entry applied, which every later leader continues from.
+    ///
+    /// Not the leader's clock: it runs ahead of the log between entries, and a read evaluated
+    /// there could report an expiry no entry has decided yet; after a failover the new leader,
+    /// continuing from the log, would report that lease active again (log time going back, a
+    /// status going from EXPIRED to ACTIVE). Expiry is decided by the Expire entries the leader
+    /// proposes as leases fall due, so reads lag the clock only until the next entry. Callers
+    /// may still compute a remaining ttl from [`GroupHandle::log_now_ms`].
     pub async fn linearizable_read_time(&self, timeout: Duration) -> Result<u64, WireError> {
         if !self.is_ready_leader() {
             return Err(self.not_leader());
@@ -281,7 +289,10 @@ impl GroupHandle {
             }
             Err(_) => return Err(unavailable("read barrier timed out")),
         }
-        self.log_now_ms().ok_or_else(|| self.not_leader())
+        if !self.is_ready_leader() {
+            return Err(self.not_leader());
+        }
+        Ok(self.applied_log_time_ms())
     }
 
     /// Get at log time `now_ms` from the local state.

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use openraft::impls::BasicNode;
 use tenure_core::{
-    ErrorCode, GroupLimits, LeaseOp, LeaseOutcome, PlacementMap, SLOT_COUNT_DEFAULT, StateOptions,
+    ErrorCode, GroupLimits, LeaseOp, LeaseOutcome, LeaseView, PlacementMap, SLOT_COUNT_DEFAULT,
+    StateOptions,
 };
 use tenure_proto::client::{
     CLIENT_ALPN, GetResult, GroupLeader, LeaseResult, NodeAddress, NodeStatus, Principal,
@@ -112,6 +113,15 @@ pub fn replicas_of(group: u32, node_ids: &[u64], replication_factor: u32) -> Vec
         .clamp(1, count);
     let first = usize::try_from(group).unwrap_or(0) % count;
     (0..factor).map(|i| node_ids[(first + i) % count]).collect()
+}
+
+/// A read's status comes from the log (see [`GroupHandle::linearizable_read_time`]); its
+/// remaining ttl from the leader's clock, which is fresher between entries: never more than the
+/// log's, zero for a lease the clock says is due but no Expire entry has reclaimed yet.
+fn clock_remaining_ttl(view: &mut LeaseView, clock_ms: u64) {
+    view.remaining_ttl_ms = view
+        .remaining_ttl_ms
+        .min(view.expires_at_ms.saturating_sub(clock_ms));
 }
 
 /// The group limits a node's configuration asks for.
@@ -658,8 +668,12 @@ impl NodeShared {
                 if let Some(handle) = self.group(group) {
                     if handle.is_ready_leader() {
                         let now = handle.linearizable_read_time(ctx.timeout).await?;
+                        let mut view = handle.get_at(&key, now)?;
+                        if let (Some(view), Some(clock_ms)) = (view.as_mut(), handle.log_now_ms()) {
+                            clock_remaining_ttl(view, clock_ms);
+                        }
                         return Ok(ResponseBody::Get(GetResult {
-                            view: handle.get_at(&key, now)?,
+                            view,
                             log_time_ms: now,
                             stale: false,
                             group_id: group,
@@ -692,7 +706,13 @@ impl NodeShared {
                 if let Some(handle) = self.group(group_id) {
                     if handle.is_ready_leader() {
                         let now = handle.linearizable_read_time(ctx.timeout).await?;
-                        return Ok(ResponseBody::List(handle.list_at(&request, now)?));
+                        let mut page = handle.list_at(&request, now)?;
+                        if let Some(clock_ms) = handle.log_now_ms() {
+                            for view in &mut page.leases {
+                                clock_remaining_ttl(view, clock_ms);
+                            }
+                        }
+                        return Ok(ResponseBody::List(page));
                     }
                     if ctx.flags.stale_read {
                         let now = handle.applied_log_time_ms();
