@@ -347,7 +347,7 @@ async fn restarted_node_catches_up_through_a_snapshot() {
         snapshot_every_entries: Some(20),
         fsync: false,
         log_filter: Some(
-            "info,openraft=warn,openraft::engine::handler::following_handler=info".to_string(),
+            "info,openraft=warn,openraft::engine::handler::following_handler=info,openraft::engine::handler::log_handler=info".to_string(),
         ),
         ..ClusterOptions::default()
     })
@@ -432,6 +432,23 @@ async fn restarted_node_catches_up_through_a_snapshot() {
         cluster.options.groups,
         started.elapsed().as_millis()
     );
+
+    // The leader purges its log after a snapshot, once no replication still reads the purged
+    // entries: on a fast machine the writes above end before that happens, and a node
+    // restarted at once would catch up from the log. Wait for the purge (only group 0's log is
+    // long enough to purge anything; openraft logs each purge at info).
+    wait_for(
+        Duration::from_secs(30),
+        "group 0's leader purges its log",
+        || async {
+            let log = common::tail(&cluster.node(deep_leader).log_path, 1_000_000);
+            log.lines()
+                .any(|line| line.contains("purge log") && !line.ends_with("purge_upto: None"))
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|what| panic!("{what}"));
 
     // Restart the stopped node; wait until its routing view and stale reads show the writes.
     cluster.restart(victim);
