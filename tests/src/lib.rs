@@ -1,12 +1,27 @@
 //! # tenure-tests: workspace-level tests
 //!
-//! One integration-test crate for everything that spans crates: today the architecture rules
-//! (what each crate must not depend on); later the cluster, fault-injection and simulation suites
-//! with their history checker. All tests live in one test binary, `tests/suite/`, so adding a
-//! module never adds a link step.
+//! One integration-test crate for everything that spans crates: the architecture rules (what
+//! each crate must not depend on) and the fault-injection suite. All tests live in one test
+//! binary, `tests/suite/`, so adding a module never adds a link step.
 //!
-//! This library part holds helpers shared by the suite's modules; it must never be a dependency
-//! of a shipped crate.
+//! The fault-injection suite (Jepsen-style):
+//! - [`history`]: what a run records (operations with invoke and completion times, outcomes,
+//!   lease ids, fencing tokens, safe deadlines; fenced writes; faults).
+//! - [`checker`]: the lease-safety checker (single holder, fencing, nothing acknowledged lost,
+//!   exactly-once, linearizability, liveness after heal), each violation with its slice of
+//!   history. Pure: the deterministic simulation will share it.
+//! - [`fencing`]: the toy downstream store that rejects stale tokens.
+//! - [`harness`]: real node processes, network namespaces and iptables (or the nodes' fault
+//!   layer), client processes, the seeded nemesis, one run end to end.
+//! - the `nemesis` binary: the long mode (`--runs N --duration 60s --summary-json FILE`), and
+//!   the `node` and `client` processes of a run.
+//!
+//! This crate must never be a dependency of a shipped crate.
+
+pub mod checker;
+pub mod fencing;
+pub mod harness;
+pub mod history;
 
 /// Root of the workspace (the directory holding the top-level `Cargo.toml`).
 pub fn workspace_root() -> std::path::PathBuf {

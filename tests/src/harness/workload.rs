@@ -1,0 +1,669 @@
+//! A client process of a fault run (`nemesis client`): tasks that use `tenure-client` on a small
+//! contended keyspace and record every operation as one JSON line on standard output.
+//!
+//! Each task acts as its own holder. Without a lease it acquires a random resource (sometimes it
+//! reads one first); holding one, it writes to the fenced store while its safe deadline is
+//! ahead (checking the deadline, then "working" a few milliseconds before the write lands, so a
+//! SIGSTOP in between makes it a zombie), renews a third of a ttl after each confirmed
+//! extension, and now and then releases, reads, or re-sends an earlier request id on purpose (an
+//! exactly-once probe).
+//!
+//! An operation that fails retryably (no leader, timeout, node unreachable) is called again with
+//! the same request id until it gets a definite answer, as a careful user would: its recorded
+//! window runs from the first call to the definite answer. Only when the run is over and the
+//! resolve deadline passes does it stay [`Outcome::Unknown`].
+//!
+//! A line `stop` on standard input (or its end) stops the tasks after their current operation;
+//! the process prints `{"done": ...}` and exits.
+//!
+//! Must not depend on: the cluster's processes or the checker.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng as _, SeedableRng as _};
+use serde::{Deserialize, Serialize};
+use tenure_client::{
+    AcquireOptions, Client, ClientConfig, ClientError, Credentials, GetResult, Grant, LeaseId,
+    ResourceKey,
+};
+use tenure_core::GroupId;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+use tokio::sync::{mpsc, watch};
+
+use super::HarnessError;
+use crate::fencing::StoreClient;
+use crate::history::FencedWrite;
+use crate::history::{
+    InstantAnchor, LeaseRef, Nanos, OpKind, OpRecord, Outcome, ViewRecord, mono_now_ns,
+};
+
+/// Past operations a task keeps for exactly-once probes.
+const REPLAYABLE_MAX: usize = 64;
+/// Records queued for standard output at most (tasks wait beyond it).
+const RECORD_QUEUE: usize = 4_096;
+
+/// What a client process is told.
+#[derive(Debug, Clone)]
+pub struct WorkerArgs {
+    /// `cluster.json`.
+    pub cluster_file: PathBuf,
+    /// This process's number (1-based); task names are `p{process}t{task}`.
+    pub process: u32,
+    /// Tasks (holders) in this process.
+    pub tasks: u32,
+    /// Seeds every task's choices.
+    pub seed: u64,
+    /// The tenant of every resource.
+    pub tenant: String,
+    /// The keyspace.
+    pub resources: Vec<String>,
+    /// Lease ttl.
+    pub ttl_ms: u64,
+    /// The fenced store's socket.
+    pub store: PathBuf,
+    /// After `stop`, how long an unanswered operation keeps being retried.
+    pub resolve_timeout_ms: u64,
+    /// Prefix of request ids (unique per run).
+    pub run_tag: String,
+}
+
+/// One line of a client process's output.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerLine {
+    /// An operation is about to be sent (its outcome says `Unknown` until its [`WorkerLine::Op`]
+    /// line arrives; a process that dies in between leaves it indeterminate, never unrecorded).
+    Invoke(OpRecord),
+    /// An operation, answered (or given up on).
+    Op(OpRecord),
+    /// The process is done.
+    Done {
+        /// Operations recorded.
+        ops: u64,
+        /// Fenced writes the store rejected.
+        writes_rejected: u64,
+    },
+}
+
+/// Runs a client process until `stop` (blocking; builds its own runtime).
+pub fn worker_main(args: WorkerArgs) -> Result<(), HarnessError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| HarnessError::io("starting the client runtime", e))?;
+    runtime.block_on(run_worker(args))
+}
+
+async fn connect(args: &WorkerArgs) -> Result<Client, HarnessError> {
+    let mut config = ClientConfig::from_cluster_file(
+        &args.cluster_file,
+        Credentials::InsecureDev {
+            principal_id: format!("nemesis-p{}", args.process),
+        },
+    )
+    .map_err(|e| HarnessError::Client(e.to_string()))?;
+    config.call_timeout = Duration::from_millis(2_500);
+    config.attempt_timeout = Duration::from_millis(800);
+    config.seed = Some(args.seed);
+    let mut last = String::new();
+    for _ in 0..60 {
+        match Client::connect(config.clone()).await {
+            Ok(client) => return Ok(client),
+            Err(error) => last = error.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(HarnessError::Client(format!("cannot connect: {last}")))
+}
+
+async fn run_worker(args: WorkerArgs) -> Result<(), HarnessError> {
+    let client = connect(&args).await?;
+    let mut groups = HashMap::new();
+    for resource in &args.resources {
+        let key = ResourceKey::new(args.tenant.clone(), resource.clone());
+        let group = client
+            .group_of(&key)
+            .await
+            .map_err(|e| HarnessError::Client(e.to_string()))?;
+        groups.insert(resource.clone(), group);
+    }
+    let groups = Arc::new(groups);
+    let (stop_tx, stop) = watch::channel(None::<Nanos>);
+    // `stop` on standard input, or its end.
+    let resolve_timeout_ns = args.resolve_timeout_ms.saturating_mul(1_000_000);
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.trim() == "stop" {
+                break;
+            }
+        }
+        let _ = stop_tx.send(Some(mono_now_ns().saturating_add(resolve_timeout_ns)));
+    });
+    let (records, mut queue) = mpsc::channel::<WorkerLine>(RECORD_QUEUE);
+    let writer = tokio::spawn(async move {
+        let mut out = tokio::io::BufWriter::new(tokio::io::stdout());
+        let mut count = 0u64;
+        while let Some(record) = queue.recv().await {
+            count += u64::from(matches!(record, WorkerLine::Op(_)));
+            if let Ok(mut line) = serde_json::to_string(&record) {
+                line.push('\n');
+                if out.write_all(line.as_bytes()).await.is_err() {
+                    break;
+                }
+            }
+            if queue.is_empty() && out.flush().await.is_err() {
+                break;
+            }
+        }
+        let _ = out.flush().await;
+        (out, count)
+    });
+    let anchor = InstantAnchor::new();
+    let next_id = Arc::new(AtomicU64::new(1));
+    let rejected = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for task in 1..=args.tasks {
+        let name = format!("p{}t{task}", args.process);
+        let store = StoreClient::connect(&args.store).await?;
+        let task = Task {
+            client: client.clone(),
+            anchor,
+            holder: format!("{}-{name}", args.run_tag),
+            name,
+            rng: SmallRng::seed_from_u64(args.seed ^ (u64::from(task) << 32)),
+            records: records.clone(),
+            next_id: next_id.clone(),
+            id_base: u64::from(args.process) << 40,
+            store,
+            stop: stop.clone(),
+            tenant: args.tenant.clone(),
+            resources: args.resources.clone(),
+            groups: groups.clone(),
+            ttl_ms: args.ttl_ms,
+            replayable: Vec::new(),
+            held: None,
+            request_seq: 0,
+            rejected: rejected.clone(),
+        };
+        handles.push(tokio::spawn(task.run()));
+    }
+    drop(records);
+    for handle in handles {
+        let _ = handle.await;
+    }
+    let (mut out, ops) = writer
+        .await
+        .map_err(|e| HarnessError::Client(format!("record writer: {e}")))?;
+    let done = WorkerLine::Done {
+        ops,
+        writes_rejected: rejected.load(Ordering::Relaxed),
+    };
+    if let Ok(mut line) = serde_json::to_string(&done) {
+        line.push('\n');
+        let _ = out.write_all(line.as_bytes()).await;
+        let _ = out.flush().await;
+    }
+    client.close().await;
+    Ok(())
+}
+
+/// A call, as it is repeated until a definite answer.
+#[derive(Debug, Clone)]
+enum Call {
+    Acquire { resource: String },
+    Renew { resource: String, lease: LeaseRef },
+    Release { resource: String, lease: LeaseRef },
+    Get { resource: String },
+}
+
+impl Call {
+    fn kind(&self) -> OpKind {
+        match self {
+            Call::Acquire { .. } => OpKind::Acquire,
+            Call::Renew { .. } => OpKind::Renew,
+            Call::Release { .. } => OpKind::Release,
+            Call::Get { .. } => OpKind::Get,
+        }
+    }
+
+    fn resource(&self) -> &str {
+        match self {
+            Call::Acquire { resource }
+            | Call::Renew { resource, .. }
+            | Call::Release { resource, .. }
+            | Call::Get { resource } => resource,
+        }
+    }
+
+    fn lease(&self) -> Option<LeaseRef> {
+        match self {
+            Call::Renew { lease, .. } | Call::Release { lease, .. } => Some(*lease),
+            _ => None,
+        }
+    }
+}
+
+/// The lease a task holds.
+#[derive(Debug, Clone)]
+struct Held {
+    resource: String,
+    lease: LeaseRef,
+    token: u64,
+    /// The latest safe deadline the client library gave.
+    deadline_ns: Nanos,
+    /// When to renew next: a third of a ttl after the last confirmed extension was asked.
+    renew_at_ns: Nanos,
+}
+
+/// What one attempt gave.
+enum Attempt {
+    Definite(Outcome),
+    Retry(String),
+    Final(String),
+}
+
+struct Task {
+    client: Client,
+    anchor: InstantAnchor,
+    name: String,
+    holder: String,
+    rng: SmallRng,
+    records: mpsc::Sender<WorkerLine>,
+    next_id: Arc<AtomicU64>,
+    id_base: u64,
+    store: StoreClient,
+    stop: watch::Receiver<Option<Nanos>>,
+    tenant: String,
+    resources: Vec<String>,
+    groups: Arc<HashMap<String, u32>>,
+    ttl_ms: u64,
+    replayable: Vec<(u64, Call, String)>,
+    held: Option<Held>,
+    request_seq: u64,
+    rejected: Arc<AtomicU64>,
+}
+
+/// A grant as the history records it.
+fn granted_outcome(grant: &Grant, anchor: &InstantAnchor) -> Outcome {
+    Outcome::Granted {
+        lease: lease_ref(grant.lease_id),
+        token: grant.fencing_token,
+        log_time_ms: grant.log_time_ms,
+        expires_at_ms: grant.expires_at_ms,
+        replayed: grant.replayed,
+        safe_deadline_ns: anchor.to_nanos(grant.safe_deadline),
+    }
+}
+
+/// A Get's answer as the history records it.
+pub(crate) fn read_outcome(result: GetResult) -> Outcome {
+    Outcome::Read {
+        view: result.view.map(|view| ViewRecord {
+            lease: lease_ref(view.lease_id),
+            holder: view.holder_id,
+            status: view.status.as_str().to_string(),
+            token: view.fencing_token,
+            version: view.version,
+            expires_at_ms: view.expires_at_ms,
+        }),
+        log_time_ms: result.log_time_ms,
+    }
+}
+
+fn lease_ref(id: LeaseId) -> LeaseRef {
+    LeaseRef {
+        group: id.group_id.0,
+        sequence: id.sequence,
+    }
+}
+
+fn lease_id(lease: LeaseRef) -> LeaseId {
+    LeaseId {
+        group_id: GroupId(lease.group),
+        sequence: lease.sequence,
+    }
+}
+
+/// State-machine refusals: definite answers with no effect.
+const DEFINITE_CODES: [&str; 6] = [
+    "ALREADY_HELD",
+    "LEASE_EXPIRED",
+    "LEASE_MISMATCH",
+    "NOT_FOUND",
+    "QUOTA_EXCEEDED",
+    "INVALID_ARGUMENT",
+];
+
+fn classify_error(error: &ClientError) -> Attempt {
+    let code = error.code_str();
+    if DEFINITE_CODES.contains(&code) {
+        let holder = error.current_holder().map(|(holder, _)| holder.to_string());
+        return Attempt::Definite(Outcome::Refused {
+            code: code.to_string(),
+            holder,
+        });
+    }
+    match error {
+        ClientError::Protocol(_)
+        | ClientError::Closed
+        | ClientError::Config(_)
+        | ClientError::InvalidRequest(_) => Attempt::Final(error.to_string()),
+        _ => Attempt::Retry(error.to_string()),
+    }
+}
+
+impl Task {
+    fn stopping(&self) -> bool {
+        self.stop.borrow().is_some()
+    }
+
+    fn past_resolve_deadline(&self) -> bool {
+        self.stop
+            .borrow()
+            .is_some_and(|deadline| mono_now_ns() >= deadline)
+    }
+
+    fn key(&self, resource: &str) -> ResourceKey {
+        ResourceKey::new(self.tenant.clone(), resource.to_string())
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms)
+    }
+
+    fn new_request_id(&mut self) -> String {
+        self.request_seq += 1;
+        format!("{}-{}", self.holder, self.request_seq)
+    }
+
+    async fn run(mut self) {
+        while !self.stopping() {
+            match self.held.clone() {
+                Some(held) => self.while_holding(held).await,
+                None => self.while_free().await,
+            }
+        }
+        // Stopping: hand the lease back, as a well-behaved holder does.
+        if let Some(held) = self.held.take() {
+            let call = Call::Release {
+                resource: held.resource,
+                lease: held.lease,
+            };
+            let request_id = self.new_request_id();
+            self.perform(call, Some(request_id), None).await;
+        }
+    }
+
+    async fn pause(&mut self, low_ms: u64, high_ms: u64) {
+        let ms = self.rng.random_range(low_ms..=high_ms);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    async fn while_free(&mut self) {
+        let roll: f64 = self.rng.random();
+        if roll < 0.05 && !self.replayable.is_empty() {
+            self.replay().await;
+            return;
+        }
+        let resource = self.resources[self.rng.random_range(0..self.resources.len())].clone();
+        if roll < 0.20 {
+            self.perform(Call::Get { resource }, None, None).await;
+            return;
+        }
+        let request_id = self.new_request_id();
+        let record = self
+            .perform(
+                Call::Acquire {
+                    resource: resource.clone(),
+                },
+                Some(request_id),
+                None,
+            )
+            .await;
+        match record.outcome {
+            Outcome::Granted {
+                lease,
+                token,
+                safe_deadline_ns,
+                ..
+            } => {
+                self.held = Some(Held {
+                    resource,
+                    lease,
+                    token,
+                    deadline_ns: safe_deadline_ns,
+                    // A replayed grant (no window) is renewed at once to learn a deadline.
+                    renew_at_ns: if safe_deadline_ns > record.complete_ns.unwrap_or(0) {
+                        record.invoke_ns + self.ttl_ms * 1_000_000 / 3
+                    } else {
+                        0
+                    },
+                });
+            }
+            _ => self.pause(30, 150).await,
+        }
+    }
+
+    async fn while_holding(&mut self, held: Held) {
+        let now = mono_now_ns();
+        if now >= held.renew_at_ns {
+            let request_id = self.new_request_id();
+            let record = self
+                .perform(
+                    Call::Renew {
+                        resource: held.resource.clone(),
+                        lease: held.lease,
+                    },
+                    Some(request_id),
+                    None,
+                )
+                .await;
+            self.held = match record.outcome {
+                Outcome::Granted {
+                    safe_deadline_ns, ..
+                } => Some(Held {
+                    deadline_ns: held.deadline_ns.max(safe_deadline_ns),
+                    renew_at_ns: if safe_deadline_ns > record.complete_ns.unwrap_or(0) {
+                        record.invoke_ns + self.ttl_ms * 1_000_000 / 3
+                    } else {
+                        0
+                    },
+                    ..held
+                }),
+                // Refused (expired, released, taken) or unanswered: the lease is gone.
+                _ => None,
+            };
+            return;
+        }
+        let roll: f64 = self.rng.random();
+        if roll < 0.45 {
+            self.fenced_write(&held).await;
+            self.pause(5, 30).await;
+        } else if roll < 0.52 {
+            let request_id = self.new_request_id();
+            self.perform(
+                Call::Release {
+                    resource: held.resource.clone(),
+                    lease: held.lease,
+                },
+                Some(request_id),
+                None,
+            )
+            .await;
+            self.held = None;
+        } else if roll < 0.62 {
+            self.perform(
+                Call::Get {
+                    resource: held.resource.clone(),
+                },
+                None,
+                None,
+            )
+            .await;
+        } else if roll < 0.66 && !self.replayable.is_empty() {
+            self.replay().await;
+        } else {
+            self.pause(20, 80).await;
+        }
+    }
+
+    /// Checks the deadline, "works", then writes: a pause in between makes a late write.
+    async fn fenced_write(&mut self, held: &Held) {
+        let checked_ns = mono_now_ns();
+        if checked_ns >= held.deadline_ns {
+            return;
+        }
+        self.pause(10, 60).await;
+        let request = FencedWrite {
+            client: self.name.clone(),
+            holder: self.holder.clone(),
+            resource: held.resource.clone(),
+            token: held.token,
+            checked_ns,
+            deadline_ns: held.deadline_ns,
+        };
+        match self.store.write(&request).await {
+            Ok(reply) if !reply.accepted => {
+                // Fenced off: a newer holder wrote. Stop acting as the holder.
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+                self.held = None;
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(task = %self.name, "fenced store: {error}"),
+        }
+    }
+
+    /// Sends an earlier operation's request id again, with the same arguments.
+    async fn replay(&mut self) {
+        let index = self.rng.random_range(0..self.replayable.len());
+        let (original, call, request_id) = self.replayable[index].clone();
+        self.perform(call, Some(request_id), Some(original)).await;
+    }
+
+    /// Calls until a definite answer (or, once stopping, the resolve deadline); records it.
+    async fn perform(
+        &mut self,
+        call: Call,
+        request_id: Option<String>,
+        replay_of: Option<u64>,
+    ) -> OpRecord {
+        let resource = call.resource().to_string();
+        let mut record = OpRecord {
+            id: self.id_base | self.next_id.fetch_add(1, Ordering::Relaxed),
+            client: self.name.clone(),
+            holder: self.holder.clone(),
+            group: self.groups.get(&resource).copied().unwrap_or(u32::MAX),
+            resource,
+            kind: call.kind(),
+            request_id: request_id.clone(),
+            lease: call.lease(),
+            ttl_ms: match call.kind() {
+                OpKind::Acquire | OpKind::Renew => self.ttl_ms,
+                _ => 0,
+            },
+            replay_of,
+            invoke_ns: mono_now_ns(),
+            complete_ns: None,
+            attempts: 0,
+            outcome: Outcome::Unknown {
+                error: "no answer recorded".into(),
+            },
+        };
+        let _ = self.records.send(WorkerLine::Invoke(record.clone())).await;
+        let (outcome, complete_ns) = loop {
+            record.attempts += 1;
+            match self.attempt(&call, request_id.as_deref()).await {
+                Attempt::Definite(outcome) => break (outcome, Some(mono_now_ns())),
+                Attempt::Final(error) => break (Outcome::Unknown { error }, None),
+                Attempt::Retry(error) => {
+                    // A read that failed says nothing; do not insist.
+                    if (call.kind() == OpKind::Get && record.attempts >= 2)
+                        || self.past_resolve_deadline()
+                    {
+                        break (Outcome::Unknown { error }, None);
+                    }
+                    self.pause(50, 200).await;
+                }
+            }
+        };
+        record.outcome = outcome;
+        record.complete_ns = complete_ns;
+        if replay_of.is_none() && record.outcome.is_definite() && call.kind() != OpKind::Get {
+            if let Some(request_id) = request_id {
+                if self.replayable.len() >= REPLAYABLE_MAX {
+                    self.replayable.remove(0);
+                }
+                self.replayable.push((record.id, call, request_id));
+            }
+        }
+        let _ = self.records.send(WorkerLine::Op(record.clone())).await;
+        record
+    }
+
+    async fn attempt(&self, call: &Call, request_id: Option<&str>) -> Attempt {
+        let ttl = self.ttl();
+        match call {
+            Call::Acquire { resource } => {
+                let mut options = AcquireOptions::new(
+                    self.tenant.clone(),
+                    resource.clone(),
+                    self.holder.clone(),
+                    ttl,
+                );
+                if let Some(id) = request_id {
+                    options = options.request_id(id);
+                }
+                match self.client.acquire_grant(options).await {
+                    Ok(grant) => Attempt::Definite(granted_outcome(&grant, &self.anchor)),
+                    Err(error) => classify_error(&error),
+                }
+            }
+            Call::Renew { resource, lease } => {
+                match self
+                    .client
+                    .renew(
+                        self.key(resource),
+                        lease_id(*lease),
+                        self.holder.clone(),
+                        ttl,
+                        request_id.map(str::to_string),
+                    )
+                    .await
+                {
+                    Ok(grant) => Attempt::Definite(granted_outcome(&grant, &self.anchor)),
+                    Err(error) => classify_error(&error),
+                }
+            }
+            Call::Release { resource, lease } => {
+                match self
+                    .client
+                    .release(
+                        self.key(resource),
+                        lease_id(*lease),
+                        self.holder.clone(),
+                        request_id.map(str::to_string),
+                    )
+                    .await
+                {
+                    Ok(receipt) => Attempt::Definite(Outcome::Released {
+                        lease: lease_ref(receipt.lease_id),
+                        token: receipt.fencing_token,
+                        released_at_ms: receipt.released_at_ms,
+                    }),
+                    Err(error) => classify_error(&error),
+                }
+            }
+            Call::Get { resource } => match self.client.get(&self.key(resource)).await {
+                Ok(result) => Attempt::Definite(read_outcome(result)),
+                Err(error) => classify_error(&error),
+            },
+        }
+    }
+}
