@@ -203,6 +203,7 @@ fn print(text: &str) -> Result<(), Failure> {
 }
 
 async fn serve(path: &Path) -> Result<(), Failure> {
+    tenure_server::serve::abort_on_panic();
     let config = config::load(path).map_err(Failure::config)?;
     let node_id = config.node_id;
     match tenure_server::serve::serve_until_signalled(config).await {

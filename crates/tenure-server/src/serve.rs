@@ -13,6 +13,18 @@ use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::node::Node;
 
+/// Makes any panic, on any thread, end the process (after the usual message): a broken internal
+/// invariant (a fencing token that would not increase, an index naming an empty slot) must stop
+/// the node, not just the tokio task it happened on, which would leave a replica half-alive.
+/// Binaries that run a node call this first.
+pub fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::abort();
+    }));
+}
+
 /// Runs one node until SIGINT or SIGTERM, then stops it gracefully. Must run inside a tokio
 /// runtime with I/O and time enabled.
 pub async fn serve_until_signalled(config: ServerConfig) -> Result<(), ServerError> {
