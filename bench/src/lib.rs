@@ -113,6 +113,7 @@ impl Harness {
                 GROUP,
                 StateOptions {
                     hash_seed: 0x7e4e_5eed,
+                    ..StateOptions::default()
                 },
             ),
             log_time_ms: START_LOG_TIME_MS,

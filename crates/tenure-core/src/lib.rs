@@ -59,6 +59,7 @@ mod command;
 mod error;
 mod ids;
 mod limits;
+mod negative;
 mod placement;
 mod state;
 
@@ -76,6 +77,7 @@ pub use limits::{
     BATCH_ITEMS_CEILING, GroupLimits, HOLDER_ID_BYTES_MAX, REQUEST_ID_BYTES_MAX,
     RESOURCE_ID_BYTES_MAX, TENANT_ID_BYTES_MAX, TTL_MS_CEILING, TenantPolicy,
 };
+pub use negative::NegativeControl;
 pub use placement::{
     PlacementError, PlacementMap, SLOT_COUNT_DEFAULT, SLOT_COUNT_MAX, key_hash, placement,
 };

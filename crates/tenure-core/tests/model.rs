@@ -518,8 +518,20 @@ impl Run {
         let mut run = Run {
             model_enabled,
             model: Model::new(),
-            replica_a: LeaseStateMachine::new(GROUP, StateOptions { hash_seed: 1 }),
-            replica_b: LeaseStateMachine::new(GROUP, StateOptions { hash_seed: 2 }),
+            replica_a: LeaseStateMachine::new(
+                GROUP,
+                StateOptions {
+                    hash_seed: 1,
+                    ..StateOptions::default()
+                },
+            ),
+            replica_b: LeaseStateMachine::new(
+                GROUP,
+                StateOptions {
+                    hash_seed: 2,
+                    ..StateOptions::default()
+                },
+            ),
             checker: SafetyChecker::default(),
             now: 10_000,
             sent: Vec::new(),
@@ -768,7 +780,10 @@ impl Run {
                 let bytes = self.replica_a.snapshot_to_vec();
                 let restored = LeaseStateMachine::read_snapshot(
                     bytes.as_slice(),
-                    StateOptions { hash_seed: *seed },
+                    StateOptions {
+                        hash_seed: *seed,
+                        ..StateOptions::default()
+                    },
                 )
                 .map_err(|e| TestCaseError::fail(format!("restore failed: {e}")))?;
                 prop_assert_eq!(

@@ -50,9 +50,14 @@ fn a_restored_snapshot_is_byte_identical_whatever_the_hash_seed() {
     let h = busy_state();
     let bytes = h.state.snapshot_to_vec();
     for seed in [0, 1, u64::MAX] {
-        let restored =
-            LeaseStateMachine::read_snapshot(bytes.as_slice(), StateOptions { hash_seed: seed })
-                .unwrap();
+        let restored = LeaseStateMachine::read_snapshot(
+            bytes.as_slice(),
+            StateOptions {
+                hash_seed: seed,
+                ..StateOptions::default()
+            },
+        )
+        .unwrap();
         assert_eq!(restored.snapshot_to_vec(), bytes);
         assert_eq!(restored.stats(), h.state.stats());
     }
@@ -63,8 +68,14 @@ fn a_restored_state_decides_exactly_like_the_original() {
     let mut original = busy_state();
     let bytes = original.state.snapshot_to_vec();
     let mut restored = Harness {
-        state: LeaseStateMachine::read_snapshot(bytes.as_slice(), StateOptions { hash_seed: 99 })
-            .unwrap(),
+        state: LeaseStateMachine::read_snapshot(
+            bytes.as_slice(),
+            StateOptions {
+                hash_seed: 99,
+                ..StateOptions::default()
+            },
+        )
+        .unwrap(),
         ..Harness::new()
     };
     restored.now_ms = original.now_ms;

@@ -89,6 +89,21 @@ impl SystemClock {
     }
 }
 
+/// The wall clock, posing as a monotonic one: only for the negative control
+/// `expire-by-wall-clock` (tests prove a checker sees what such a design gets wrong). Its
+/// readings jump with the system clock, backwards too.
+#[derive(Debug, Default)]
+pub struct WallClock;
+
+impl MonotonicClock for WallClock {
+    fn now_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0)
+    }
+}
+
 impl Default for SystemClock {
     fn default() -> Self {
         Self::new()

@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use tenure_core::NegativeControl;
 use tenure_transport::GroupTiming;
 
 /// Largest number of groups a cluster may have: the placement map's slot count
@@ -250,6 +251,11 @@ pub struct TestingConfig {
     /// traffic to chosen peers (a partition) while the node runs. Default false; never in
     /// production (anyone who reaches the gateway could stall the node).
     pub fault_control: bool,
+    /// A guarantee to break on purpose, so a checker can be seen failing: `none` (default),
+    /// `skip-expiry-check`, `disable-deduplication`, `reset-tokens-on-new-leader`,
+    /// `expire-by-wall-clock`. Only builds with the test-only `negative-controls` feature accept
+    /// anything but `none`; every node of a cluster must name the same one.
+    pub negative_control: NegativeControl,
 }
 
 mod defaults {
@@ -860,6 +866,16 @@ impl ServerConfig {
                 format!(
                     "must be within -{CLOCK_RATE_PPM_BOUND}..={CLOCK_RATE_PPM_BOUND}, got {}",
                     self.testing.clock_rate_ppm
+                ),
+            ));
+        }
+        if self.testing.negative_control != NegativeControl::None && !NegativeControl::AVAILABLE {
+            return Err(ConfigError::invalid(
+                "testing.negative_control",
+                format!(
+                    "{} needs a build with the test-only negative-controls feature; this one \
+                     accepts only none",
+                    self.testing.negative_control.name()
                 ),
             ));
         }

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use openraft::impls::BasicNode;
 use tenure_core::{
-    ErrorCode, GroupLimits, LeaseOp, LeaseOutcome, LeaseView, PlacementMap, SLOT_COUNT_DEFAULT,
-    StateOptions,
+    ErrorCode, GroupLimits, LeaseOp, LeaseOutcome, LeaseView, NegativeControl, PlacementMap,
+    SLOT_COUNT_DEFAULT, StateOptions,
 };
 use tenure_proto::client::{
     CLIENT_ALPN, GetResult, GroupLeader, LeaseResult, NodeAddress, NodeStatus, Principal,
@@ -44,7 +44,7 @@ use tracing::{info, warn};
 use crate::admission::{Admission, AdmissionLimits, RequestClass};
 use crate::auth::{Authenticator, check_tenant};
 use crate::client_server::ClientServer;
-use crate::clock::{MonotonicClock, SystemClock};
+use crate::clock::{MonotonicClock, SystemClock, WallClock};
 use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::fault_control::FaultControls;
@@ -210,7 +210,20 @@ impl Node {
             config.testing.clock_rate_ppm,
             config.testing.clock_offset_ms,
         ));
-        let clock: Arc<dyn MonotonicClock> = system_clock.clone();
+        let negative_control = config.testing.negative_control;
+        let clock: Arc<dyn MonotonicClock> =
+            if negative_control.breaks(NegativeControl::ExpireByWallClock) {
+                Arc::new(WallClock)
+            } else {
+                system_clock.clone()
+            };
+        if negative_control.breaks(negative_control) {
+            warn!(
+                node = node_id,
+                control = negative_control.name(),
+                "NEGATIVE CONTROL: a guarantee is broken on purpose (tests of the checkers only)"
+            );
+        }
         if config.testing.clock_rate_ppm != 0 || config.testing.clock_offset_ms != 0 {
             warn!(
                 node = node_id,
@@ -250,6 +263,7 @@ impl Node {
         let mut groups: Vec<Option<Arc<GroupHandle>>> = Vec::with_capacity(config.groups as usize);
         let state_options = StateOptions {
             hash_seed: rand::random(),
+            negative_control,
         };
         let mut fresh = Vec::new();
         for group in 0..config.groups {

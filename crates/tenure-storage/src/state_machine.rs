@@ -390,6 +390,14 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
             let response = {
                 let mut state = lock(&self.state);
                 let log_id = entry.log_id();
+                // Negative control (test builds only): a new leader term resets the tokens.
+                if state
+                    .last_applied
+                    .as_ref()
+                    .is_some_and(|last| last.committed_leader_id() != log_id.committed_leader_id())
+                {
+                    state.leases.negative_control_new_term();
+                }
                 let response = match &entry.payload {
                     EntryPayload::Blank => None,
                     EntryPayload::Normal(proposal) => Some(state.leases.apply(proposal)),

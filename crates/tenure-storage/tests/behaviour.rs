@@ -223,7 +223,13 @@ async fn the_state_machine_restores_its_snapshot_after_reopen() {
     };
     let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
     let mut machine = node
-        .state_machine(5, StateOptions { hash_seed: 77 })
+        .state_machine(
+            5,
+            StateOptions {
+                hash_seed: 77,
+                ..StateOptions::default()
+            },
+        )
         .unwrap();
     assert_eq!(
         machine.with_leases(LeaseStateMachine::snapshot_to_vec),

@@ -37,18 +37,22 @@ use crate::ids::{
     GroupId, LeaseId, ResourceKey, validate_holder_id, validate_request_id, validate_tenant_id,
 };
 use crate::limits::{GroupLimits, TenantPolicy};
+use crate::negative::NegativeControl;
 use dedup::{DedupTable, HashBuilder, Lookup};
 use slab::Slab;
 
 /// Work budget for lazy garbage collection per applied entry, beyond twice its item count.
 const GC_BUDGET_BASE: usize = 64;
 
-/// Options that affect only the in-memory layout, never a decision or the snapshot bytes.
+/// Options that affect only the in-memory layout, never a decision or the snapshot bytes (but
+/// for a negative control, which takes effect only in test builds).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StateOptions {
     /// Seed for the in-memory hash tables. Give each process a random one so that crafted
     /// resource ids cannot degrade lookups; any seed yields identical results and snapshots.
     pub hash_seed: u64,
+    /// A guarantee to break on purpose (feature `negative-controls` only; inert otherwise).
+    pub negative_control: NegativeControl,
 }
 
 /// Stored status of a lease record. `Active` records may be past their expiry until reclaimed.
@@ -157,6 +161,8 @@ pub struct LeaseStateMachine {
     hash_builder: HashBuilder,
     /// Reusable buffer for hashing request keys; not state.
     scratch: Vec<u8>,
+    /// The guarantee broken on purpose, if any (test builds only).
+    negative_control: NegativeControl,
 }
 
 impl LeaseStateMachine {
@@ -180,6 +186,7 @@ impl LeaseStateMachine {
             dedup: DedupTable::new(hash_builder.clone()),
             hash_builder,
             scratch: Vec::with_capacity(256),
+            negative_control: options.negative_control,
         }
     }
 
@@ -297,6 +304,17 @@ impl LeaseStateMachine {
         if let Err(err) = checked {
             return fresh(Err(err));
         }
+        if self
+            .negative_control
+            .breaks(NegativeControl::DisableDeduplication)
+        {
+            let result = match op {
+                LeaseOp::Acquire(r) => self.acquire(r, now_ms, reclaimed),
+                LeaseOp::Renew(r) => self.renew(r, now_ms),
+                LeaseOp::Release(r) => self.release(r, now_ms),
+            };
+            return fresh(result);
+        }
         let key = dedup::dedup_key(op, &mut self.scratch);
         let fingerprint = dedup::fingerprint(op, &mut self.scratch);
         match self.dedup.lookup(key, fingerprint, now_ms, &self.limits) {
@@ -349,7 +367,11 @@ impl LeaseStateMachine {
 
         if let Some(slot) = existing {
             let record = self.record(slot);
-            if record.is_active_at(now_ms) {
+            if record.is_active_at(now_ms)
+                && !self
+                    .negative_control
+                    .breaks(NegativeControl::SkipExpiryCheck)
+            {
                 return Err(LeaseError::AlreadyHeld {
                     holder_id: record.holder_id.clone(),
                     remaining_ttl_ms: record.expires_at_ms - now_ms,
@@ -363,7 +385,15 @@ impl LeaseStateMachine {
             let old_indexed = record.indexed_expiry_ms;
             let token = self.take_sequence();
             // Safety invariant (contract 3.2): a new grant's token exceeds every earlier one.
-            assert!(token > old_token, "fencing token would not increase");
+            // (The negative control that resets tokens skips it, so the checkers, not this
+            // assertion, have to catch the reuse.)
+            assert!(
+                token > old_token
+                    || self
+                        .negative_control
+                        .breaks(NegativeControl::ResetTokensOnNewLeader),
+                "fencing token would not increase"
+            );
             if was_active {
                 self.by_expiry.remove(&(old_indexed, slot));
             } else {
@@ -515,6 +545,18 @@ impl LeaseStateMachine {
             return Err(LeaseError::LeaseMismatch { lease_id });
         }
         Ok(slot)
+    }
+
+    /// Negative control [`NegativeControl::ResetTokensOnNewLeader`]: the storage layer calls
+    /// this when it applies the first entry of a new leader term. Does nothing unless that
+    /// control is selected in a test build.
+    pub fn negative_control_new_term(&mut self) {
+        if self
+            .negative_control
+            .breaks(NegativeControl::ResetTokensOnNewLeader)
+        {
+            self.next_sequence = 1;
+        }
     }
 
     fn take_sequence(&mut self) -> u64 {

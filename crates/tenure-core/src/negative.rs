@@ -1,0 +1,66 @@
+//! Negative controls: deliberately broken guarantees, so the checkers that watch tenure (the
+//! fault-injection suite, the simulation) can be seen failing. A checker never seen failing
+//! proves nothing.
+//!
+//! A control takes effect only in builds with the test-only cargo feature `negative-controls`
+//! ([`NegativeControl::AVAILABLE`]); in every other build each one is inert, and the server
+//! refuses a configuration that names one. Selected per process and identical on every replica,
+//! so apply stays deterministic.
+//!
+//! Must not depend on: anything (plain values).
+
+use serde::{Deserialize, Serialize};
+
+/// One deliberately broken guarantee (or none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NegativeControl {
+    /// Every guarantee holds (the only choice outside test builds).
+    #[default]
+    None,
+    /// Acquire grants even while the resource's lease is active (breaks single holder).
+    SkipExpiryCheck,
+    /// Request ids are neither looked up nor recorded (breaks exactly-once).
+    DisableDeduplication,
+    /// The grant counter restarts at 1 whenever an entry of a new leader term is applied
+    /// (breaks fencing order; a re-grant of an existing record trips the token assertion).
+    ResetTokensOnNewLeader,
+    /// Leaders measure the time since they took over with the wall clock instead of the
+    /// monotonic one (a jump of the wall clock moves log time: early expiry).
+    ExpireByWallClock,
+}
+
+impl NegativeControl {
+    /// True in builds with the `negative-controls` feature, where controls take effect.
+    pub const AVAILABLE: bool = cfg!(feature = "negative-controls");
+
+    /// Every control, [`NegativeControl::None`] first.
+    pub const ALL: [NegativeControl; 5] = [
+        NegativeControl::None,
+        NegativeControl::SkipExpiryCheck,
+        NegativeControl::DisableDeduplication,
+        NegativeControl::ResetTokensOnNewLeader,
+        NegativeControl::ExpireByWallClock,
+    ];
+
+    /// Its name in configurations and reports (`skip-expiry-check`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            NegativeControl::None => "none",
+            NegativeControl::SkipExpiryCheck => "skip-expiry-check",
+            NegativeControl::DisableDeduplication => "disable-deduplication",
+            NegativeControl::ResetTokensOnNewLeader => "reset-tokens-on-new-leader",
+            NegativeControl::ExpireByWallClock => "expire-by-wall-clock",
+        }
+    }
+
+    /// The control named `name`.
+    pub fn parse(name: &str) -> Option<NegativeControl> {
+        NegativeControl::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// True when this control is selected and this build lets it take effect.
+    pub fn breaks(self, control: NegativeControl) -> bool {
+        Self::AVAILABLE && control != NegativeControl::None && self == control
+    }
+}
