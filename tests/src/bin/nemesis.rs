@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use tenure_core::NegativeControl;
 use tenure_tests::harness::network::NetworkRequest;
 use tenure_tests::harness::run::{KeepDir, RunConfig, RunReport, run_one};
 use tenure_tests::harness::schedule::NemesisKind;
@@ -125,6 +126,14 @@ struct RunArgs {
     /// Keep every run's directory (failing runs keep theirs anyway).
     #[arg(long)]
     keep_dirs: bool,
+    /// Break a guarantee on purpose, to see the checker fail: skip-expiry-check,
+    /// disable-deduplication, reset-tokens-on-new-leader, expire-by-wall-clock.
+    #[arg(long, default_value = "none", value_parser = parse_negative_control)]
+    negative_control: NegativeControl,
+}
+
+fn parse_negative_control(name: &str) -> Result<NegativeControl, String> {
+    NegativeControl::parse(name).ok_or_else(|| format!("unknown negative control {name:?}"))
 }
 
 #[derive(Debug, Args)]
@@ -230,6 +239,7 @@ fn main() -> ExitCode {
 
 fn run_node(config: &std::path::Path) -> anyhow::Result<bool> {
     init_tracing("info,openraft=warn");
+    tenure_server::serve::abort_on_panic();
     let config = tenure_server::config::load(config).context("loading the configuration")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -306,6 +316,7 @@ fn run_many(args: &RunArgs) -> anyhow::Result<bool> {
         config.resources = args.resources;
         config.ttl_ms = args.ttl_ms;
         config.work_dir = args.work_dir.clone();
+        config.negative_control = args.negative_control;
         config.keep = if args.keep_dirs {
             KeepDir::Always
         } else {
@@ -313,7 +324,8 @@ fn run_many(args: &RunArgs) -> anyhow::Result<bool> {
         };
         let replay = format!(
             "nemesis --seed {seed} --runs 1 --nodes {nodes} --nemesis {} --mode {} --duration {} \
-             --network {} --groups {} --clients {} --tasks {} --resources {} --ttl-ms {}",
+             --network {} --groups {} --clients {} --tasks {} --resources {} --ttl-ms {} \
+             --negative-control {}",
             run_kinds
                 .iter()
                 .map(|k| k.name())
@@ -330,7 +342,8 @@ fn run_many(args: &RunArgs) -> anyhow::Result<bool> {
             args.clients,
             args.tasks,
             args.resources,
-            args.ttl_ms
+            args.ttl_ms,
+            args.negative_control.name()
         );
         match runtime.block_on(run_one(&config)) {
             Ok(report) => {

@@ -4,13 +4,13 @@
 //! 1. **Single holder** ([`Property::SingleHolder`]): for every resource, no two leases' safe
 //!    windows overlap in real time. A lease's window is the union, over its successful Acquire
 //!    and Renew answers, of `[answer received, safe deadline]`, cut at the first Release its
-//!    holder sent. Downstream evidence too: a fenced write that reached the store before its
-//!    writer's deadline was rejected only if a newer holder had written first, inside the first
-//!    holder's window.
+//!    holder sent.
 //! 2. **Fencing** ([`Property::Fencing`]): a lease keeps one token (renew never changes it) equal
 //!    to its sequence; tokens of one resource strictly increase in grant order, judged both by
 //!    real time (a grant answered before another was asked has the smaller token) and by log
-//!    time.
+//!    time. Downstream too: the fenced store rejects a write that reached it inside its writer's
+//!    safe window only if a higher token wrote first, which takes two holders at once or tokens
+//!    out of grant order.
 //! 3. **Nothing acknowledged lost** ([`Property::NoLostAck`]): every later read reflects every
 //!    acknowledged grant (a token at least as new), renewal (a version at least as high) and
 //!    release (never ACTIVE again); no renewal of a released lease succeeds; no later grant of
@@ -934,20 +934,22 @@ fn check_writes(history: &History, report: &mut CheckReport) {
                 continue;
             }
             if !write.accepted {
-                // Rejected inside its own window: a newer token wrote first, so two holders
-                // were inside their windows at once.
-                let newer = writes[..index]
+                // Rejected inside its own window: a higher token wrote first. Either its
+                // writer was inside its window at the same time, or it held an older lease
+                // whose token was higher (tokens out of grant order).
+                let higher = writes[..index]
                     .iter()
                     .rev()
                     .find(|w| w.accepted && w.write.token > write.write.token);
                 let mut writes_shown = vec![(*write).clone()];
-                writes_shown.extend(newer.map(|w| (*w).clone()));
+                writes_shown.extend(higher.map(|w| (*w).clone()));
                 report.violations.push(Violation {
-                    property: Property::SingleHolder,
+                    property: Property::Fencing,
                     resource: Some(write.write.resource.clone()),
                     message: format!(
                         "the fenced store rejected token {} although it arrived inside its \
-                         writer's safe window: a newer holder wrote first",
+                         writer's safe window: a higher token had written first (two holders \
+                         at once, or tokens out of grant order)",
                         write.write.token
                     ),
                     ops: Vec::new(),

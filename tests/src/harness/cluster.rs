@@ -22,6 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use tenure_client::{Client, ClientConfig, Credentials, Endpoint, NodeStatus};
+use tenure_core::NegativeControl;
 use tenure_server::config::{
     AuthConfig, LimitsConfig, PeerConfig, ServerConfig, StorageConfig, TestingConfig, TimingConfig,
     TlsConfig,
@@ -58,6 +59,8 @@ pub struct ClusterOptions {
     pub snapshot_every_entries: u64,
     /// `RUST_LOG` of the nodes.
     pub log_filter: String,
+    /// A guarantee the nodes break on purpose (negative controls of the checker).
+    pub negative_control: NegativeControl,
 }
 
 impl Default for ClusterOptions {
@@ -70,6 +73,7 @@ impl Default for ClusterOptions {
             election_timeout_max_ms: 900,
             snapshot_every_entries: 500,
             log_filter: "info,openraft=warn".into(),
+            negative_control: NegativeControl::None,
         }
     }
 }
@@ -639,6 +643,7 @@ fn node_config(
         },
         testing: TestingConfig {
             fault_control: true,
+            negative_control: options.negative_control,
             ..TestingConfig::default()
         },
     }

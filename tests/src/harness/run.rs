@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tenure_client::{Client, NodeStatus, ResourceKey};
+use tenure_core::NegativeControl;
 use tenure_server::fault_control::FaultSettings;
 
 use super::HarnessError;
@@ -49,6 +50,8 @@ pub enum KeepDir {
     Always,
     /// When it found a violation or failed.
     OnFailure,
+    /// Never (negative controls, which must find violations).
+    Never,
 }
 
 /// One run's shape.
@@ -87,6 +90,8 @@ pub struct RunConfig {
     pub liveness_bound: Duration,
     /// How long the clients run on after the heal.
     pub recovery: Duration,
+    /// A guarantee the nodes break on purpose: the run must then find violations.
+    pub negative_control: NegativeControl,
 }
 
 impl RunConfig {
@@ -109,6 +114,7 @@ impl RunConfig {
             keep: KeepDir::OnFailure,
             liveness_bound: Duration::from_secs(30),
             recovery: Duration::from_secs(5),
+            negative_control: NegativeControl::None,
         }
     }
 }
@@ -126,6 +132,8 @@ pub struct RunReport {
     pub network_fallback_reason: Option<String>,
     /// Kinds drawn from, and whether they overlapped.
     pub profile: String,
+    /// The guarantee broken on purpose (`none` normally).
+    pub negative_control: String,
     /// The plan.
     pub schedule: Vec<Step>,
     /// Faults applied, by kind.
@@ -165,8 +173,13 @@ impl RunReport {
             .iter()
             .map(|(kind, count)| format!("{kind}x{count}"))
             .collect();
+        let control = if self.negative_control == "none" {
+            String::new()
+        } else {
+            format!(" NEGATIVE CONTROL {},", self.negative_control)
+        };
         format!(
-            "nemesis seed {}: {} nodes, {}, {}: faults [{}]; {} ops checked ({} definite, {} \
+            "nemesis seed {}:{control} {} nodes, {}, {}: faults [{}]; {} ops checked ({} definite, {} \
              unknown, {} replays compared); {} fenced writes late, {} of them rejected; {} \
              violation(s); {:.1}s",
             self.seed,
@@ -405,9 +418,10 @@ pub async fn run_one(config: &RunConfig) -> Result<RunReport, HarnessError> {
     .map_err(|e| HarnessError::io("creating the run directory", e))?;
     let dir = temp.path().to_path_buf();
     let result = run_in(config, &dir, started).await;
-    let keep = match &result {
-        Ok(report) => config.keep == KeepDir::Always || !report.passed(),
-        Err(_) => true,
+    let keep = match (&result, config.keep) {
+        (_, KeepDir::Never) => false,
+        (_, KeepDir::Always) | (Err(_), _) => true,
+        (Ok(report), KeepDir::OnFailure) => !report.passed(),
     };
     let kept = keep.then(|| temp.keep());
     match result {
@@ -437,6 +451,7 @@ async fn run_in(
     let options = ClusterOptions {
         nodes: config.nodes,
         groups: config.groups,
+        negative_control: config.negative_control,
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start(dir, network, &config.exe, options)?;
@@ -455,6 +470,10 @@ async fn run_in(
     wait_for_leaders(&cluster, &client, config.groups, Duration::from_secs(60))
         .await
         .ok_or_else(|| HarnessError::Cluster("not every group elected a leader".into()))?;
+    tracing::info!(
+        seed = config.seed,
+        "run: every group has a leader; starting clients"
+    );
 
     let store = StoreServer::start(&dir.join("store.sock"))?;
     let ops: Ops = Arc::new(Mutex::new(HashMap::new()));
@@ -504,6 +523,7 @@ async fn run_in(
     )
     .await;
     let healed_ns = mono_now_ns();
+    tracing::info!(seed = config.seed, "run: nemesis done, every fault healed");
 
     // Liveness: leaders everywhere, then clients progress.
     let recovered = {
@@ -526,6 +546,11 @@ async fn run_in(
     tokio::time::sleep(config.recovery).await;
     let _ = monitor_stop.send(true);
     let _ = monitor.await;
+    tracing::info!(
+        seed = config.seed,
+        led = recovered.is_some(),
+        "run: stopping clients"
+    );
 
     // Stop the clients; they resolve what is in flight.
     for process in &mut clients {
@@ -544,6 +569,7 @@ async fn run_in(
     })
     .await
     .map_err(|e| HarnessError::Client(format!("stopping clients: {e}")))?;
+    tracing::info!(seed = config.seed, "run: clients stopped; final reads");
     for number in finished {
         violations.push(Violation {
             property: Property::Liveness,
@@ -556,16 +582,28 @@ async fn run_in(
 
     // Read every resource once more.
     let mut ops: Vec<OpRecord> = lock(&ops).drain().map(|(_, op)| op).collect();
+    // All at once, under one deadline: a cluster that lost a group must not stall the run.
+    let reads_deadline = Instant::now() + Duration::from_secs(20);
+    let mut reads = tokio::task::JoinSet::new();
     for index in 0..config.resources {
-        let resource = format!("r{index}");
-        let group = client
-            .group_of(&ResourceKey::new(TENANT, resource.as_str()))
-            .await
-            .unwrap_or(u32::MAX);
-        let id = (1u64 << 60) + u64::from(index);
-        ops.push(final_read(&client, &resource, group, id).await);
+        let client = client.clone();
+        reads.spawn(async move {
+            let resource = format!("r{index}");
+            let group = client
+                .group_of(&ResourceKey::new(TENANT, resource.as_str()))
+                .await
+                .unwrap_or(u32::MAX);
+            let id = (1u64 << 60) + u64::from(index);
+            final_read(&client, &resource, group, id, reads_deadline).await
+        });
+    }
+    while let Some(read) = reads.join_next().await {
+        if let Ok(read) = read {
+            ops.push(read);
+        }
     }
 
+    tracing::info!(seed = config.seed, "run: checking the history");
     let mut cluster = shared.cluster.lock().await;
     cluster.check_exits();
     for (node, status) in cluster.unexpected_exits() {
@@ -659,6 +697,7 @@ async fn run_in(
         network: network_name,
         network_fallback_reason: fallback_reason,
         profile,
+        negative_control: config.negative_control.name().to_string(),
         schedule,
         nemeses,
         skipped,
@@ -1035,12 +1074,17 @@ async fn heal(effect: &Active, name: &str, shared: &Shared, clients: &mut [Clien
     shared.log(name, false, detail);
 }
 
-/// A linearizable read of `resource` by the nemesis after the run (retried for a while).
-async fn final_read(client: &Client, resource: &str, group: u32, id: u64) -> OpRecord {
+/// A linearizable read of `resource` by the nemesis after the run (retried until `deadline`).
+async fn final_read(
+    client: &Client,
+    resource: &str,
+    group: u32,
+    id: u64,
+    deadline: Instant,
+) -> OpRecord {
     let key = ResourceKey::new(TENANT, resource);
     let invoke_ns = mono_now_ns();
     let mut attempts = 0;
-    let deadline = Instant::now() + Duration::from_secs(20);
     let (outcome, complete_ns) = loop {
         attempts += 1;
         match client.get(&key).await {

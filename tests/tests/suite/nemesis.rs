@@ -12,10 +12,12 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tenure_client::AcquireOptions;
+use tenure_core::NegativeControl;
+use tenure_tests::checker::Property;
 use tenure_tests::fencing::{StoreClient, StoreServer};
 use tenure_tests::harness::cluster::ClusterOptions;
 use tenure_tests::harness::network::NetworkRequest;
-use tenure_tests::harness::run::{RunConfig, run_one, start_ready_cluster};
+use tenure_tests::harness::run::{KeepDir, RunConfig, run_one, start_ready_cluster};
 use tenure_tests::harness::schedule::{NemesisKind, PlanShape, plan};
 use tenure_tests::harness::zombie::ZombieLine;
 use tenure_tests::history::{FencedWrite, mono_now_ns};
@@ -172,6 +174,79 @@ fn short_fault_runs_find_no_violation() {
     assert!(
         failed.is_empty(),
         "runs with violations (seed, count, kept directory): {failed:?}"
+    );
+}
+
+#[test]
+fn each_negative_control_is_caught_in_a_real_cluster() {
+    use NemesisKind::*;
+    use Property::*;
+    let _one = one_at_a_time();
+    let runtime = runtime();
+    // (control, seed, nemesis, seconds, properties of which at least one must be violated)
+    let controls = [
+        (
+            NegativeControl::SkipExpiryCheck,
+            21,
+            ClockRate,
+            10,
+            vec![SingleHolder, Linearizable],
+        ),
+        (
+            NegativeControl::DisableDeduplication,
+            21,
+            ClockRate,
+            10,
+            vec![ExactlyOnce],
+        ),
+        (
+            NegativeControl::ResetTokensOnNewLeader,
+            22,
+            Kill,
+            15,
+            vec![Fencing],
+        ),
+        (
+            NegativeControl::ExpireByWallClock,
+            22,
+            ClockJump,
+            15,
+            vec![SingleHolder, Linearizable],
+        ),
+    ];
+    let mut missed = Vec::new();
+    for (control, seed, kind, seconds, expected) in controls {
+        let mut config = RunConfig::new(seed, exe(), vec![kind]);
+        config.duration = Duration::from_secs(seconds);
+        config.negative_control = control;
+        config.keep = KeepDir::Never;
+        let report = runtime.block_on(run_one(&config)).unwrap_or_else(|error| {
+            panic!("{}: the run could not complete: {error}", control.name())
+        });
+        let mut found: Vec<&str> = report
+            .violations
+            .iter()
+            .map(|v| v.property.name())
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        println!(
+            "negative control {}: {} violation(s) of {found:?} in {} ops",
+            control.name(),
+            report.violations.len(),
+            report.check.ops_checked
+        );
+        if !report
+            .violations
+            .iter()
+            .any(|v| expected.contains(&v.property))
+        {
+            missed.push((control.name(), found.join(",")));
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "negative controls the checker missed: {missed:?}"
     );
 }
 
