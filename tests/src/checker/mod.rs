@@ -522,6 +522,8 @@ struct Acknowledged<'a> {
     extensions: Vec<(Nanos, &'a OpRecord)>,
     /// The first acknowledged release.
     release: Option<(Nanos, &'a OpRecord)>,
+    /// A release of it got no definite answer: it may have ended at any log time since.
+    release_unknown: bool,
 }
 
 fn check_acknowledged(
@@ -534,6 +536,10 @@ fn check_acknowledged(
     for op in ops {
         if op.replay_of.is_some() {
             continue;
+        }
+        if let (OpKind::Release, Some(lease), false) = (op.kind, op.lease, op.outcome.is_definite())
+        {
+            leases.entry(lease).or_default().release_unknown = true;
         }
         let Some(complete) = op.complete_ns else {
             continue;
@@ -615,6 +621,8 @@ fn check_acknowledged(
                 Outcome::Released { released_at_ms, .. } => Some((released_at_ms, release)),
                 _ => None,
             },
+            // An unanswered release may have ended it early: no promise to hold others to.
+            None if acknowledged.release_unknown => None,
             None => acknowledged
                 .extensions
                 .iter()

@@ -362,6 +362,27 @@ fn a_grant_before_the_promised_expiry_in_log_time_is_caught() {
 }
 
 #[test]
+fn an_unanswered_release_frees_the_resource_early_without_a_violation() {
+    let mut h = Builder::new();
+    h.acquire("alice", 1, 0, 1_000);
+    // Alice's release gets no answer; it took effect at log 1100, and bob was granted at 1200,
+    // long before the 4000 the grant had promised.
+    h.push(
+        "alice",
+        OpKind::Release,
+        Some(lease(1)),
+        100,
+        None,
+        Outcome::Unknown {
+            error: "timeout".into(),
+        },
+        None,
+    );
+    h.acquire("bob", 2, 200, 1_200);
+    assert_clean(&h.check());
+}
+
+#[test]
 fn log_time_going_back_is_caught() {
     let mut h = Builder::new();
     h.acquire("alice", 1, 0, 5_000);
