@@ -426,6 +426,7 @@ fn run_many(args: &RunArgs) -> anyhow::Result<bool> {
             "late_fenced_writes_rejected": reports.iter().map(|r| r.check.late_writes_rejected).sum::<u64>(),
             "replays_compared": reports.iter().map(|r| r.check.replays_compared).sum::<u64>(),
             "ops_unknown": reports.iter().map(|r| r.ops_unknown).sum::<u64>(),
+            "elections_observed": reports.iter().map(|r| r.elections_observed).sum::<u64>(),
             "per_run": reports.iter().map(|r| serde_json::json!({
                 "seed": r.seed,
                 "nodes": r.nodes,
@@ -436,6 +437,7 @@ fn run_many(args: &RunArgs) -> anyhow::Result<bool> {
                 "ops_unknown": r.ops_unknown,
                 "violations": r.violations.len(),
                 "recovered_after_s": r.recovered_after_s,
+                "elections_observed": r.elections_observed,
                 "elapsed_s": r.elapsed_s,
                 "op_counts": r.op_counts,
             })).collect::<Vec<_>>(),

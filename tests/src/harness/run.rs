@@ -40,7 +40,8 @@ use crate::history::{FaultEvent, History, Nanos, OpKind, OpRecord, Outcome, mono
 
 /// The tenant every run's resources belong to.
 pub const TENANT: &str = "fault";
-/// Operations one run records at most (beyond it the run fails rather than lose history).
+/// Operations one run records at most (beyond it the run fails rather than check a history with
+/// holes).
 const RECORDED_OPS_MAX: usize = 2_000_000;
 
 /// When a run keeps its directory.
@@ -150,6 +151,9 @@ pub struct RunReport {
     pub op_counts: BTreeMap<String, u64>,
     /// Status polls of the nodes made by the monitor.
     pub status_polls: u64,
+    /// Leader terms the monitor saw beyond each group's first: elections the faults caused
+    /// (a lower bound; terms between two polls are missed).
+    pub elections_observed: u64,
     /// Seconds from the heal until every group had a leader.
     pub recovered_after_s: Option<f64>,
     /// The run directory, when kept.
@@ -179,14 +183,15 @@ impl RunReport {
             format!(" NEGATIVE CONTROL {},", self.negative_control)
         };
         format!(
-            "nemesis seed {}:{control} {} nodes, {}, {}: faults [{}]; {} ops checked ({} definite, {} \
-             unknown, {} replays compared); {} fenced writes late, {} of them rejected; {} \
-             violation(s); {:.1}s",
+            "nemesis seed {}:{control} {} nodes, {}, {}: faults [{}]; {} elections seen; {} ops \
+             checked ({} definite, {} unknown, {} replays compared); {} fenced writes late, {} of \
+             them rejected; {} violation(s); {:.1}s",
             self.seed,
             self.nodes,
             self.network,
             self.profile,
             applied.join(" "),
+            self.elections_observed,
             self.check.ops_checked,
             self.check.ops_definite,
             self.ops_unknown,
@@ -208,7 +213,15 @@ struct ClientProcess {
     done: Arc<Mutex<bool>>,
 }
 
-type Ops = Arc<Mutex<HashMap<u64, OpRecord>>>;
+/// What the client processes reported, by operation id.
+#[derive(Default)]
+struct Recorded {
+    ops: HashMap<u64, OpRecord>,
+    /// More than [`RECORDED_OPS_MAX`] operations arrived; some were not kept.
+    overflowed: bool,
+}
+
+type Ops = Arc<Mutex<Recorded>>;
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
@@ -264,14 +277,16 @@ fn spawn_client(
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
             match serde_json::from_str::<WorkerLine>(&line) {
-                Ok(WorkerLine::Invoke(record)) => {
-                    let mut ops = lock(&ops);
-                    if ops.len() < RECORDED_OPS_MAX {
-                        ops.entry(record.id).or_insert(record);
+                Ok(WorkerLine::Invoke(record) | WorkerLine::Op(record)) => {
+                    let mut recorded = lock(&ops);
+                    if recorded.ops.len() < RECORDED_OPS_MAX
+                        || recorded.ops.contains_key(&record.id)
+                    {
+                        // An answer replaces its invocation.
+                        recorded.ops.insert(record.id, record);
+                    } else {
+                        recorded.overflowed = true;
                     }
-                }
-                Ok(WorkerLine::Op(record)) => {
-                    lock(&ops).insert(record.id, record);
                 }
                 Ok(WorkerLine::Done { .. }) => *lock(&reader_done) = true,
                 Err(error) => tracing::warn!("client {number}: unreadable line: {error}"),
@@ -476,7 +491,7 @@ async fn run_in(
     );
 
     let store = StoreServer::start(&dir.join("store.sock"))?;
-    let ops: Ops = Arc::new(Mutex::new(HashMap::new()));
+    let ops: Ops = Arc::new(Mutex::new(Recorded::default()));
     let mut clients = Vec::new();
     for number in 1..=config.client_processes {
         clients.push(spawn_client(
@@ -581,7 +596,15 @@ async fn run_in(
     }
 
     // Read every resource once more.
-    let mut ops: Vec<OpRecord> = lock(&ops).drain().map(|(_, op)| op).collect();
+    let mut ops: Vec<OpRecord> = {
+        let mut recorded = lock(&ops);
+        if recorded.overflowed {
+            return Err(HarnessError::Client(format!(
+                "the clients recorded more than {RECORDED_OPS_MAX} operations: shorten the run"
+            )));
+        }
+        recorded.ops.drain().map(|(_, op)| op).collect()
+    };
     // All at once, under one deadline: a cluster that lost a group must not stall the run.
     let reads_deadline = Instant::now() + Duration::from_secs(20);
     let mut reads = tokio::task::JoinSet::new();
@@ -691,6 +714,11 @@ async fn run_in(
             .join(",")
     );
     let status_polls = *lock(&shared.polls);
+    let elections_observed = {
+        let claims = lock(&shared.claims);
+        let groups: BTreeSet<u32> = claims.keys().map(|&(group, _)| group).collect();
+        (claims.len() as u64).saturating_sub(groups.len() as u64)
+    };
     Ok(RunReport {
         seed: config.seed,
         nodes: config.nodes,
@@ -706,6 +734,7 @@ async fn run_in(
         ops_unknown,
         op_counts,
         status_polls,
+        elections_observed,
         recovered_after_s: recovered.map(|at| at.saturating_sub(healed_ns) as f64 / 1e9),
         dir: None,
         elapsed_s: started.elapsed().as_secs_f64(),
