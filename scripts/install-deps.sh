@@ -8,10 +8,14 @@
 #                 protobuf-compiler only recommends it, and recommends are not installed here
 #   etcd-server, etcd-client: etcd and etcdctl, the baseline of bench/compare-etcd.sh and of
 #                 loadgen's etcd-target test
+#   iptables:     partitions between the fault suite's node namespaces (ip netns, from iproute2)
+#   iproute2:     ip, for those namespaces, veths and the bridge
+#   faketime:     libfaketime, which moves a fault-suite node's wall clock (its monotonic clock
+#                 is left alone)
 # No service of these packages is started (policy-rc.d below); the tests and the benchmark start
 # their own servers on loopback.
 set -euo pipefail
-SYSTEM_PACKAGES=(libclang-dev prometheus protobuf-compiler libprotobuf-dev etcd-server etcd-client)
+SYSTEM_PACKAGES=(libclang-dev prometheus protobuf-compiler libprotobuf-dev etcd-server etcd-client iptables iproute2 faketime)
 missing=()
 for package in "${SYSTEM_PACKAGES[@]}"; do
   # "install ok installed" only: a removed package whose config files remain is missing too.
