@@ -10,7 +10,7 @@
 //!
 //! Must not depend on: the lease renewal schedule (in `renewer`), or any server crate.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -79,7 +79,7 @@ pub struct Grant {
 impl Grant {
     /// True while the safe deadline has not passed.
     pub fn is_safe_now(&self) -> bool {
-        Instant::now() < self.safe_deadline
+        crate::time::now() < self.safe_deadline
     }
 }
 
@@ -176,7 +176,7 @@ pub(crate) struct ClientInner {
     strict_tls: quinn::ClientConfig,
     link_settings: LinkSettings,
     routing: RwLock<RoutingState>,
-    links: Mutex<HashMap<u64, Arc<NodeLink>>>,
+    links: Mutex<BTreeMap<u64, Arc<NodeLink>>>,
     bootstrap_links: Vec<Arc<NodeLink>>,
     refresh: tokio::sync::Mutex<Option<Instant>>,
     client_id: u64,
@@ -215,7 +215,6 @@ impl Client {
     /// from the first endpoint that answers. Must run inside a tokio runtime.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
         config.validate()?;
-        let (strict_tls, bootstrap_tls) = quic_client_configs(&config.ca_cert_pem)?;
         let bind: SocketAddr = if config.endpoints.iter().all(|e| e.addr.is_ipv6()) {
             SocketAddr::from(([0u16; 8], 0))
         } else {
@@ -223,6 +222,17 @@ impl Client {
         };
         let endpoint = quinn::Endpoint::client(bind)
             .map_err(|error| ClientError::Config(format!("opening a UDP socket: {error}")))?;
+        Self::connect_on_endpoint(config, endpoint).await
+    }
+
+    /// Like [`Client::connect`] on a QUIC endpoint the caller made (over a simulated socket,
+    /// say). The client dials from it and closes it in [`Client::close`].
+    pub async fn connect_on_endpoint(
+        config: ClientConfig,
+        endpoint: quinn::Endpoint,
+    ) -> Result<Client, ClientError> {
+        config.validate()?;
+        let (strict_tls, bootstrap_tls) = quic_client_configs(&config.ca_cert_pem)?;
         let link_settings = LinkSettings {
             lanes: config.lanes_per_node,
             frame_requests_max: config.frame_requests_max,
@@ -234,7 +244,7 @@ impl Client {
             },
         };
         let faults = Arc::new(FaultInjector::default());
-        let mut links = HashMap::new();
+        let mut links = BTreeMap::new();
         let mut bootstrap_links = Vec::new();
         for endpoint_config in &config.endpoints {
             let link = Arc::new(NodeLink::new(
@@ -262,7 +272,9 @@ impl Client {
         let rng = SmallRng::seed_from_u64(seed);
         // Request ids start with the client id, so it never comes from the (possibly fixed)
         // jitter seed: two clients with one seed must still never share a request id.
-        let client_id = SmallRng::from_os_rng().random();
+        let client_id = config
+            .client_id
+            .unwrap_or_else(|| SmallRng::from_os_rng().random());
         let (renewer, commands) = mpsc::channel(RENEWER_QUEUE);
         let inner = Arc::new(ClientInner {
             config,
@@ -387,7 +399,7 @@ impl Client {
         let ttl_ms = u64::try_from(options.ttl.as_millis()).unwrap_or(u64::MAX);
         let callers_id = options.request_id.is_some();
         let request_id = options.request_id.unwrap_or_else(|| self.new_request_id());
-        let sent_at = Instant::now();
+        let sent_at = crate::time::now();
         let body = RequestBody::Acquire(AcquireRequest {
             key: options.key.clone(),
             holder_id: options.holder_id.clone(),
@@ -416,7 +428,7 @@ impl Client {
         let holder_id = holder_id.into();
         let callers_id = request_id.is_some();
         let request_id = request_id.unwrap_or_else(|| self.new_request_id());
-        let sent_at = Instant::now();
+        let sent_at = crate::time::now();
         let body = RequestBody::Renew(RenewRequest {
             key: key.clone(),
             lease_id,
@@ -599,7 +611,7 @@ impl Client {
         let link = self
             .link_for(node_id)
             .ok_or_else(|| ClientError::InvalidRequest(format!("node {node_id} is unknown")))?;
-        let deadline = Instant::now() + self.inner.config.attempt_timeout;
+        let deadline = crate::time::now() + self.inner.config.attempt_timeout;
         match self
             .send(
                 &link,
@@ -655,7 +667,7 @@ impl Client {
             let client = self.clone();
             let answers = answers.clone();
             tokio::spawn(async move {
-                let deadline = Instant::now() + client.inner.config.attempt_timeout;
+                let deadline = crate::time::now() + client.inner.config.attempt_timeout;
                 let outcome = match client
                     .send(
                         &link,
@@ -767,13 +779,15 @@ impl Client {
         let Ok(mut last) = self.inner.refresh.try_lock() else {
             return;
         };
-        if last.is_some_and(|at| at.elapsed() < self.inner.config.routing_refresh_min_interval) {
+        if last.is_some_and(|at| {
+            crate::time::elapsed(at) < self.inner.config.routing_refresh_min_interval
+        }) {
             return;
         }
         if let Err(error) = self.refresh_routing().await {
             debug!("routing refresh failed: {error}");
         }
-        *last = Some(Instant::now());
+        *last = Some(crate::time::now());
     }
 
     fn link_for(&self, node_id: u64) -> Option<Arc<NodeLink>> {
@@ -995,7 +1009,7 @@ impl Client {
             body,
             flags,
             tenant,
-            Instant::now() + self.inner.config.call_timeout,
+            crate::time::now() + self.inner.config.call_timeout,
         )
         .await
     }
@@ -1009,7 +1023,7 @@ impl Client {
         deadline: Instant,
     ) -> Result<ResponseBody, ClientError> {
         let config = &self.inner.config;
-        let started = Instant::now();
+        let started = crate::time::now();
         let mut last = String::from("not sent");
         let mut avoid: Option<SocketAddr> = None;
         let mut redirects = 0u32;
@@ -1022,7 +1036,7 @@ impl Client {
             if attempt > 1 {
                 self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
             }
-            let now = Instant::now();
+            let now = crate::time::now();
             if now >= deadline {
                 break;
             }
@@ -1112,12 +1126,12 @@ impl Client {
                     pause = self.backoff(attempt);
                 }
             }
-            if Instant::now() + pause >= deadline {
+            if crate::time::now() + pause >= deadline {
                 break;
             }
             tokio::time::sleep(pause).await;
         }
-        if attempts < config.retry.attempts_max || Instant::now() >= deadline {
+        if attempts < config.retry.attempts_max || crate::time::now() >= deadline {
             Err(ClientError::DeadlineExceeded {
                 timeout_ms: u64::try_from(deadline.saturating_duration_since(started).as_millis())
                     .unwrap_or(u64::MAX),

@@ -215,8 +215,11 @@ pub struct ClientConfig {
     /// The safe deadline's clock assumptions.
     pub safety: SafetyPolicy,
     /// Seed of the backoff jitter (`None`: from the operating system). Tests set it. Request ids
-    /// never depend on it (they start with a client id drawn from the operating system).
+    /// never depend on it (they start with the client id).
     pub seed: Option<u64>,
+    /// The id generated request ids start with (`None`: drawn from the operating system, the
+    /// right choice outside a simulation: two clients must never share one).
+    pub client_id: Option<u64>,
 }
 
 impl ClientConfig {
@@ -236,6 +239,7 @@ impl ClientConfig {
             renew: RenewPolicy::default(),
             safety: SafetyPolicy::default(),
             seed: None,
+            client_id: None,
         }
     }
 

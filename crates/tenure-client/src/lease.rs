@@ -214,12 +214,12 @@ impl Lease {
     /// Time left before the safe deadline (zero once it passed).
     pub fn remaining(&self) -> Duration {
         self.safe_deadline()
-            .saturating_duration_since(Instant::now())
+            .saturating_duration_since(crate::time::now())
     }
 
     /// True while the lease is held and its safe deadline has not passed: the holder may act.
     pub fn is_valid(&self) -> bool {
-        self.shared.is_held() && Instant::now() < self.safe_deadline()
+        self.shared.is_held() && crate::time::now() < self.safe_deadline()
     }
 
     /// The current state.
@@ -260,7 +260,7 @@ impl Lease {
                 .safe_deadline()
                 .checked_sub(lead)
                 .unwrap_or_else(Instant::now);
-            if Instant::now() >= loss_at {
+            if crate::time::now() >= loss_at {
                 self.shared
                     .mark(LeaseState::Lost(LossReason::DeadlineWithoutRenewal));
                 continue;

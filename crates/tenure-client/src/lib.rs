@@ -42,6 +42,7 @@ mod lease;
 mod link;
 mod renewer;
 mod routing;
+mod time;
 
 pub use client::{AcquireOptions, Client, ClientStats, Grant, RoutingSnapshot};
 pub use config::{

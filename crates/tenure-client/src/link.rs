@@ -9,7 +9,7 @@
 //!
 //! Must not depend on: routing or retries (the client decides where and how often to send).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -203,7 +203,7 @@ struct Pending {
 struct LiveConnection {
     connection: quinn::Connection,
     lanes: Vec<mpsc::Sender<Request>>,
-    pending: Arc<Mutex<HashMap<u64, Pending>>>,
+    pending: Arc<Mutex<BTreeMap<u64, Pending>>>,
     next_lane: AtomicUsize,
     dead: Arc<AtomicBool>,
 }
@@ -256,12 +256,12 @@ impl NodeLink {
             next_request_id: AtomicU64::new(1),
             faults,
             suspect_until_ms: AtomicU64::new(0),
-            created: Instant::now(),
+            created: crate::time::now(),
         }
     }
 
     fn clock_ms(&self) -> u64 {
-        millis(self.created.elapsed())
+        millis(crate::time::elapsed(self.created))
     }
 
     /// True while a recent failure makes the node a poor first choice.
@@ -292,7 +292,7 @@ impl NodeLink {
         mut request: Request,
         deadline: Instant,
     ) -> Result<Answer, LinkError> {
-        let started = Instant::now();
+        let started = crate::time::now();
         let permit =
             match tokio::time::timeout_at(deadline.into(), self.permits.clone().acquire_owned())
                 .await
@@ -301,14 +301,14 @@ impl NodeLink {
                 Ok(Err(_)) | Err(_) => {
                     return Err(LinkError::Final(ClientError::Busy {
                         node: self.label(),
-                        waited_ms: millis(started.elapsed()),
+                        waited_ms: millis(crate::time::elapsed(started)),
                     }));
                 }
             };
         let live = self.connection(deadline).await?;
         let id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         request.id = id;
-        let remaining = deadline.saturating_duration_since(Instant::now());
+        let remaining = deadline.saturating_duration_since(crate::time::now());
         request.timeout_ms = u32::try_from(remaining.as_millis())
             .unwrap_or(u32::MAX)
             .max(1);
@@ -345,7 +345,7 @@ impl NodeLink {
                 self.forget_pending(&live, id);
                 Err(LinkError::Timeout {
                     addr: self.addr,
-                    timeout_ms: millis(started.elapsed()),
+                    timeout_ms: millis(crate::time::elapsed(started)),
                 })
             }
         }
@@ -377,7 +377,7 @@ impl NodeLink {
             current.dead.store(true, Ordering::SeqCst);
             current.connection.close(0u32.into(), b"replaced");
         }
-        let connect_deadline = deadline.min(Instant::now() + self.settings.connect_timeout);
+        let connect_deadline = deadline.min(crate::time::now() + self.settings.connect_timeout);
         let fresh = tokio::time::timeout_at(connect_deadline.into(), self.open())
             .await
             .map_err(|_| LinkError::Connect {
@@ -402,7 +402,7 @@ impl NodeLink {
             .map_err(|error| connect_error(error.to_string()))?
             .await
             .map_err(|error| connect_error(error.to_string()))?;
-        let pending: Arc<Mutex<HashMap<u64, Pending>>> = Arc::default();
+        let pending: Arc<Mutex<BTreeMap<u64, Pending>>> = Arc::default();
         let dead = Arc::new(AtomicBool::new(false));
         let mut lanes = Vec::with_capacity(self.settings.lanes);
         for _ in 0..self.settings.lanes {
@@ -491,7 +491,7 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn fail_all(pending: &Mutex<HashMap<u64, Pending>>, dead: &AtomicBool) {
+fn fail_all(pending: &Mutex<BTreeMap<u64, Pending>>, dead: &AtomicBool) {
     dead.store(true, Ordering::SeqCst);
     if let Ok(mut pending) = pending.lock() {
         // Dropping the senders wakes every waiting call with "lost".
@@ -503,7 +503,7 @@ async fn lane_writer(
     mut send: quinn::SendStream,
     mut queued: mpsc::Receiver<Request>,
     frame_requests_max: usize,
-    pending: Arc<Mutex<HashMap<u64, Pending>>>,
+    pending: Arc<Mutex<BTreeMap<u64, Pending>>>,
     dead: Arc<AtomicBool>,
 ) {
     while let Some(first) = queued.recv().await {
@@ -526,7 +526,7 @@ async fn lane_writer(
 
 /// Encodes requests into frames no larger than the protocol allows; a single request too large
 /// for a frame is answered locally with `INVALID_ARGUMENT`.
-fn encode_frames(requests: Vec<Request>, pending: &Mutex<HashMap<u64, Pending>>) -> Vec<Vec<u8>> {
+fn encode_frames(requests: Vec<Request>, pending: &Mutex<BTreeMap<u64, Pending>>) -> Vec<Vec<u8>> {
     let (frames, too_large) = encode_frames_split(&requests);
     for index in too_large {
         let id = requests[index].id;
@@ -543,7 +543,7 @@ fn encode_frames(requests: Vec<Request>, pending: &Mutex<HashMap<u64, Pending>>)
 
 async fn lane_reader(
     mut recv: quinn::RecvStream,
-    pending: Arc<Mutex<HashMap<u64, Pending>>>,
+    pending: Arc<Mutex<BTreeMap<u64, Pending>>>,
     dead: Arc<AtomicBool>,
     faults: Arc<FaultInjector>,
 ) {

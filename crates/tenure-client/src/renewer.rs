@@ -13,7 +13,7 @@
 //!
 //! Must not depend on: connections (it calls the client).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -63,9 +63,9 @@ struct Entry {
 
 struct Renewer {
     weak: Weak<ClientInner>,
-    entries: HashMap<u64, Entry>,
+    entries: BTreeMap<u64, Entry>,
     /// Handles of each lease (usually one).
-    by_lease: HashMap<LeaseId, Vec<u64>>,
+    by_lease: BTreeMap<LeaseId, Vec<u64>>,
     due: BTreeSet<(Instant, u64)>,
     deadlines: BTreeSet<(Instant, u64)>,
     batches: Arc<Semaphore>,
@@ -82,8 +82,8 @@ pub(crate) async fn run_renewer(
     };
     let mut renewer = Renewer {
         weak,
-        entries: HashMap::new(),
-        by_lease: HashMap::new(),
+        entries: BTreeMap::new(),
+        by_lease: BTreeMap::new(),
         due: BTreeSet::new(),
         deadlines: BTreeSet::new(),
         batches: Arc::new(Semaphore::new(batches_max)),
@@ -239,7 +239,7 @@ impl Renewer {
             return;
         }
         entry.in_flight = false;
-        let now = Instant::now();
+        let now = crate::time::now();
         match outcome {
             RenewOutcome::Renewed { sent_at } => {
                 let window = client.config().safety.safe_window(entry.lease.ttl_ms);
@@ -281,7 +281,7 @@ impl Renewer {
     }
 
     fn tick(&mut self) {
-        let now = Instant::now();
+        let now = crate::time::now();
         // Loss signals first: a lease past its loss time is never renewed again.
         while let Some(&(at, id)) = self.deadlines.first() {
             if at > now {
@@ -370,7 +370,7 @@ impl Renewer {
 }
 
 async fn release_in_background(client: Client, lease: Arc<LeaseShared>) {
-    let deadline = Instant::now() + client.config().attempt_timeout;
+    let deadline = crate::time::now() + client.config().attempt_timeout;
     let body = tenure_proto::client::RequestBody::Release(tenure_core::ReleaseRequest {
         key: lease.key.clone(),
         lease_id: lease.lease_id,
@@ -401,7 +401,7 @@ async fn renew_batch(
     leases: Vec<(Arc<LeaseShared>, Instant)>,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
-    let sent_at = Instant::now();
+    let sent_at = crate::time::now();
     // No point in an answer after the first lease's loss time.
     let deadline = leases
         .iter()
