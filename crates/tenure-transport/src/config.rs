@@ -64,6 +64,9 @@ pub struct TransportConfig {
     pub idle_timeout_ms: u64,
     /// Seed of the transport's jitter source (reconnect backoff).
     pub seed: u64,
+    /// Read and write snapshot files inline on the task instead of on tokio's blocking pool
+    /// (a deterministic simulation: no thread of its own). Default false.
+    pub inline_file_io: bool,
 }
 
 impl TransportConfig {
@@ -91,6 +94,7 @@ impl TransportConfig {
             keep_alive_ms: 1000,
             idle_timeout_ms: 10_000,
             seed: node_id,
+            inline_file_io: false,
         }
     }
 

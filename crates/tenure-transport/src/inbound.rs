@@ -13,7 +13,7 @@
 //!
 //! Must not depend on: how groups are created or placed (it asks the `GroupRegistry`).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io::{Seek, SeekFrom};
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,7 +98,7 @@ async fn read_lane(
     connection: quinn::Connection,
     mut recv: quinn::RecvStream,
 ) {
-    let mut sessions: HashMap<(u32, u64), StreamSession> = HashMap::new();
+    let mut sessions: BTreeMap<(u32, u64), StreamSession> = BTreeMap::new();
     loop {
         let frame = match read_frame(&mut recv, shared.config.frame_bytes_max).await {
             Ok(Some(frame)) => frame,
@@ -131,7 +131,7 @@ async fn read_lane(
 fn dispatch(
     shared: &Arc<Shared>,
     link: &Arc<PeerLink>,
-    sessions: &mut HashMap<(u32, u64), StreamSession>,
+    sessions: &mut BTreeMap<(u32, u64), StreamSession>,
     message: BatchMessage,
 ) {
     if message.kind.is_response() {
@@ -305,7 +305,7 @@ async fn serve_unary(
 fn stream_append(
     shared: &Arc<Shared>,
     link: &Arc<PeerLink>,
-    sessions: &mut HashMap<(u32, u64), StreamSession>,
+    sessions: &mut BTreeMap<(u32, u64), StreamSession>,
     message: BatchMessage,
 ) {
     let (stream_id, request) =
@@ -470,23 +470,43 @@ async fn receive_and_install(
         ));
     };
     let spool_dir = shared.registry.snapshot_spool_dir().to_path_buf();
-    let spool = tokio::task::spawn_blocking(move || tempfile::tempfile_in(spool_dir))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("cannot create a snapshot spool file: {e}"))?;
-    let mut file = tokio::fs::File::from_std(spool);
     let mut limited = tokio::io::AsyncReadExt::take(&mut *recv, offer.size_bytes);
-    let copied = tokio::io::copy(&mut limited, &mut file)
-        .await
-        .map_err(|e| format!("snapshot transfer failed: {e}"))?;
+    let (copied, mut file) = if shared.config.inline_file_io {
+        // A simulation's: no blocking pool, the file is written as the bytes arrive.
+        let mut file = tempfile::tempfile_in(spool_dir)
+            .map_err(|e| format!("cannot create a snapshot spool file: {e}"))?;
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut copied = 0u64;
+        loop {
+            let read = tokio::io::AsyncReadExt::read(&mut limited, &mut chunk)
+                .await
+                .map_err(|e| format!("snapshot transfer failed: {e}"))?;
+            if read == 0 {
+                break;
+            }
+            std::io::Write::write_all(&mut file, &chunk[..read])
+                .map_err(|e| format!("writing the snapshot spool file: {e}"))?;
+            copied += read as u64;
+        }
+        (copied, file)
+    } else {
+        let spool = tokio::task::spawn_blocking(move || tempfile::tempfile_in(spool_dir))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot create a snapshot spool file: {e}"))?;
+        let mut file = tokio::fs::File::from_std(spool);
+        let copied = tokio::io::copy(&mut limited, &mut file)
+            .await
+            .map_err(|e| format!("snapshot transfer failed: {e}"))?;
+        file.flush().await.map_err(|e| e.to_string())?;
+        (copied, file.into_std().await)
+    };
     if copied != offer.size_bytes {
         return Err(format!(
             "snapshot truncated: {copied} of {} bytes",
             offer.size_bytes
         ));
     }
-    file.flush().await.map_err(|e| e.to_string())?;
-    let mut file = file.into_std().await;
     file.seek(SeekFrom::Start(0))
         .map_err(|e| format!("cannot rewind the snapshot spool file: {e}"))?;
     let snapshot = SnapshotOf::<TenureRaft, std::fs::File> {

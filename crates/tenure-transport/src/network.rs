@@ -345,13 +345,18 @@ async fn send_snapshot(
         .current_connection()
         .ok_or_else(|| unreachable("not connected"))?;
     let mut file = snapshot.snapshot;
-    let size_bytes = tokio::task::spawn_blocking(move || {
+    let rewind = move || {
         file.seek(SeekFrom::Start(0))?;
         let size = file.metadata()?.len();
         Ok::<_, std::io::Error>((file, size))
-    })
-    .await
-    .map_err(|e| TransportError::io("reading the snapshot file", std::io::Error::other(e)))?
+    };
+    let size_bytes = if shared.config.inline_file_io {
+        rewind()
+    } else {
+        tokio::task::spawn_blocking(rewind).await.map_err(|e| {
+            TransportError::io("reading the snapshot file", std::io::Error::other(e))
+        })?
+    }
     .map_err(|e| TransportError::io("reading the snapshot file", e));
     let (file, size_bytes) = size_bytes?;
     let (mut send, mut recv) = connection
@@ -371,10 +376,22 @@ async fn send_snapshot(
     write_frame(&mut send, &Frame::SnapshotOffer(encode_payload(&offer)?))
         .await
         .map_err(|e| lost(&e))?;
-    let mut file = tokio::fs::File::from_std(file);
-    tokio::io::copy(&mut file, &mut send)
-        .await
-        .map_err(|e| lost(&e))?;
+    if shared.config.inline_file_io {
+        let mut file = file;
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let read = std::io::Read::read(&mut file, &mut chunk).map_err(|e| lost(&e))?;
+            if read == 0 {
+                break;
+            }
+            send.write_all(&chunk[..read]).await.map_err(|e| lost(&e))?;
+        }
+    } else {
+        let mut file = tokio::fs::File::from_std(file);
+        tokio::io::copy(&mut file, &mut send)
+            .await
+            .map_err(|e| lost(&e))?;
+    }
     send.flush().await.map_err(|e| lost(&e))?;
     send.finish().map_err(|e| lost(&e))?;
     let reply = match read_frame(&mut recv, CONTROL_FRAME_BYTES_MAX).await {

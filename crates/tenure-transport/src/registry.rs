@@ -77,10 +77,15 @@ impl GroupRegistry for GroupTable {
     }
 
     fn groups(&self) -> Vec<GroupRaft> {
-        self.groups
+        // By group id: heartbeats (and anything else walking the replicas) go out in one order
+        // every run, not in the hash map's.
+        let mut groups: Vec<(u32, GroupRaft)> = self
+            .groups
             .iter()
-            .map(|entry| entry.value().clone())
-            .collect()
+            .map(|entry| (*entry.key(), entry.value().clone()))
+            .collect();
+        groups.sort_by_key(|(group_id, _)| *group_id);
+        groups.into_iter().map(|(_, raft)| raft).collect()
     }
 
     fn snapshot_spool_dir(&self) -> &Path {

@@ -366,18 +366,46 @@ pub struct CertificatePaths {
     pub nodes: Vec<(u64, PathBuf, PathBuf)>,
 }
 
+/// The signature algorithm of generated keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KeyAlgorithm {
+    /// ECDSA P-256 with SHA-256 (the default).
+    #[default]
+    EcdsaP256,
+    /// Ed25519: deterministic signatures of one length, so a handshake's packets have the same
+    /// sizes every time (what a deterministic simulation needs).
+    Ed25519,
+}
+
+impl KeyAlgorithm {
+    fn rcgen(self) -> &'static rcgen::SignatureAlgorithm {
+        match self {
+            KeyAlgorithm::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+            KeyAlgorithm::Ed25519 => &rcgen::PKCS_ED25519,
+        }
+    }
+}
+
 /// Generates a new cluster CA: an ECDSA P-256 key and a self-signed CA certificate naming the
 /// cluster (subject `O=tenure, OU=<cluster_name>, CN=tenure cluster CA`), valid for
 /// [`CA_VALIDITY`], that may sign end-entity certificates only.
 ///
 /// `cluster_name` must be 1 to 64 bytes without control characters.
 pub fn generate_cluster_ca(cluster_name: &str) -> Result<ClusterCa, TlsError> {
+    generate_cluster_ca_with(cluster_name, KeyAlgorithm::EcdsaP256)
+}
+
+/// Like [`generate_cluster_ca`] with a key of `algorithm`.
+pub fn generate_cluster_ca_with(
+    cluster_name: &str,
+    algorithm: KeyAlgorithm,
+) -> Result<ClusterCa, TlsError> {
     validate_cluster_name(cluster_name)?;
     let generate = |source| TlsError::Generate {
         what: "cluster CA".to_owned(),
         source,
     };
-    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(generate)?;
+    let key = KeyPair::generate_for(algorithm.rcgen()).map_err(generate)?;
 
     let mut params = CertificateParams::default();
     let mut name = DistinguishedName::new();
@@ -416,6 +444,16 @@ pub fn issue_node_certificate(
     node_id: u64,
     ip_sans: &[IpAddr],
 ) -> Result<NodeCertificate, TlsError> {
+    issue_node_certificate_with(ca, node_id, ip_sans, KeyAlgorithm::EcdsaP256)
+}
+
+/// Like [`issue_node_certificate`] with a key of `algorithm`.
+pub fn issue_node_certificate_with(
+    ca: &ClusterCa,
+    node_id: u64,
+    ip_sans: &[IpAddr],
+    algorithm: KeyAlgorithm,
+) -> Result<NodeCertificate, TlsError> {
     const CA_ORIGIN: &str = "the cluster CA certificate";
     let ca_der = first_certificate(ca.cert_pem.as_bytes(), CA_ORIGIN)?;
     let anchor = webpki::anchor_from_trusted_cert(&ca_der).map_err(|source| {
@@ -444,7 +482,7 @@ pub fn issue_node_certificate(
         source,
     };
     let dns_name = Ia5String::try_from(server_name.as_str()).map_err(generate)?;
-    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(generate)?;
+    let key = KeyPair::generate_for(algorithm.rcgen()).map_err(generate)?;
 
     let mut params = CertificateParams::default();
     params.subject_alt_names = std::iter::once(SanType::DnsName(dns_name))
@@ -510,6 +548,23 @@ pub fn write_cluster_certificates(
     node_ids: &[u64],
     ip_sans: &[IpAddr],
 ) -> Result<CertificatePaths, TlsError> {
+    write_cluster_certificates_with(
+        dir,
+        cluster_name,
+        node_ids,
+        ip_sans,
+        KeyAlgorithm::EcdsaP256,
+    )
+}
+
+/// Like [`write_cluster_certificates`] with keys of `algorithm`.
+pub fn write_cluster_certificates_with(
+    dir: &Path,
+    cluster_name: &str,
+    node_ids: &[u64],
+    ip_sans: &[IpAddr],
+    algorithm: KeyAlgorithm,
+) -> Result<CertificatePaths, TlsError> {
     for (index, node_id) in node_ids.iter().enumerate() {
         if node_ids[..index].contains(node_id) {
             return Err(TlsError::DuplicateNodeId { node_id: *node_id });
@@ -542,10 +597,10 @@ pub fn write_cluster_certificates(
         }
     }
 
-    let ca = generate_cluster_ca(cluster_name)?;
+    let ca = generate_cluster_ca_with(cluster_name, algorithm)?;
     let nodes = node_ids
         .iter()
-        .map(|id| issue_node_certificate(&ca, *id, ip_sans))
+        .map(|id| issue_node_certificate_with(&ca, *id, ip_sans, algorithm))
         .collect::<Result<Vec<_>, _>>()?;
 
     fs::create_dir_all(dir).map_err(|source| TlsError::Io {

@@ -15,7 +15,7 @@
 //! Must not depend on: the lease state machine's semantics, RocksDB, configuration files, or the
 //! wall clock in any decision (timeouts use tokio's monotonic clock).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
@@ -97,7 +97,9 @@ pub(crate) struct PeerLink {
     addr: SocketAddr,
     lanes: Vec<mpsc::Sender<Outbound>>,
     lane_receivers: Vec<Arc<AsyncMutex<mpsc::Receiver<Outbound>>>>,
-    pub(crate) pending: DashMap<u64, oneshot::Sender<Reply>>,
+    /// Fixed hasher and shard count: when the connection is lost, the waiters are failed in one
+    /// order every run (on any machine), not in a random-seeded hash order.
+    pub(crate) pending: DashMap<u64, oneshot::Sender<Reply>, FixedHasher>,
     next_correlation: AtomicU64,
     connection: watch::Sender<Option<quinn::Connection>>,
     offers: mpsc::Sender<Offer>,
@@ -122,7 +124,7 @@ impl PeerLink {
             addr,
             lanes,
             lane_receivers,
-            pending: DashMap::new(),
+            pending: DashMap::with_hasher_and_shard_amount(FixedHasher::default(), 16),
             next_correlation: AtomicU64::new(1),
             connection: watch::Sender::new(None),
             offers,
@@ -237,12 +239,16 @@ impl PendingReply {
     }
 }
 
+/// A hasher without a random seed (SipHash with fixed keys).
+type FixedHasher = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+
 /// State shared by every task of one node's transport.
 pub(crate) struct Shared {
     pub(crate) config: TransportConfig,
     endpoint: quinn::Endpoint,
     client_config: quinn::ClientConfig,
-    links: HashMap<u64, Arc<PeerLink>>,
+    /// By peer id, ordered: tasks start, and shutdown fails waiters, in one order every run.
+    links: BTreeMap<u64, Arc<PeerLink>>,
     pub(crate) registry: Arc<dyn GroupRegistry>,
     client_acceptor: Option<Arc<dyn ClientAcceptor>>,
     faults: Option<Arc<FaultInjector>>,
@@ -312,15 +318,31 @@ impl Transport {
         faults: Option<Arc<FaultInjector>>,
         client_acceptor: Option<Arc<dyn ClientAcceptor>>,
     ) -> Result<Self, TransportError> {
-        let server_config = tls
-            .quinn_server_config_for(quinn_transport_config(&config), client_acceptor.is_some())?;
-        let client_config = tls.quinn_client_config(quinn_transport_config(&config))?;
-        let endpoint = quinn::Endpoint::server(server_config, config.listen_addr).map_err(|e| {
+        // Bound without a server configuration: start_on_endpoint installs it.
+        let endpoint = quinn::Endpoint::client(config.listen_addr).map_err(|e| {
             TransportError::io(
                 format!("binding the peer endpoint {}", config.listen_addr),
                 e,
             )
         })?;
+        Self::start_on_endpoint(endpoint, config, tls, registry, faults, client_acceptor)
+    }
+
+    /// Like [`Transport::start_with_clients`] on an endpoint the caller made (over an abstract
+    /// socket, say: a deterministic simulation's); the transport installs its server
+    /// configuration on it. Must run inside a tokio runtime.
+    pub fn start_on_endpoint(
+        endpoint: quinn::Endpoint,
+        config: TransportConfig,
+        tls: &NodeTls,
+        registry: Arc<dyn GroupRegistry>,
+        faults: Option<Arc<FaultInjector>>,
+        client_acceptor: Option<Arc<dyn ClientAcceptor>>,
+    ) -> Result<Self, TransportError> {
+        let server_config = tls
+            .quinn_server_config_for(quinn_transport_config(&config), client_acceptor.is_some())?;
+        endpoint.set_server_config(Some(server_config));
+        let client_config = tls.quinn_client_config(quinn_transport_config(&config))?;
         let links = config
             .peers
             .iter()
@@ -1026,7 +1048,10 @@ async fn lane_writer(
             first.correlation_id,
             &first.payload,
         );
-        let linger_until = std::time::Instant::now() + linger;
+        // The runtime's clock (a simulation pauses it). Under a paused clock only a linger of 0
+        // or of at least a millisecond is allowed: the short linger below yields until time
+        // passes, and paused time does not pass while a task keeps yielding.
+        let linger_until = Instant::now() + linger;
         loop {
             while batch.frame_len() < batch_bytes_max {
                 match receiver.try_recv() {
@@ -1041,14 +1066,14 @@ async fn lane_writer(
             }
             if batch.frame_len() >= batch_bytes_max
                 || linger.is_zero()
-                || std::time::Instant::now() >= linger_until
+                || Instant::now() >= linger_until
             {
                 break;
             }
             if linger >= Duration::from_millis(1) {
                 // A long linger (control lane) sleeps rather than spins; the timer's resolution
                 // is a millisecond.
-                tokio::time::sleep_until(Instant::from_std(linger_until)).await;
+                tokio::time::sleep_until(linger_until).await;
             } else {
                 // A short linger lets the tasks producing messages run before a frame that is
                 // not full is written.
