@@ -12,6 +12,8 @@
 //! - [`GroupStateMachine`]: openraft's `RaftStateMachine` for one group, applying entries through
 //!   `tenure-core` and snapshotting in `tenure-core`'s format to files.
 //! - [`TenureRaft`]: the openraft type configuration every tenure crate shares.
+//! - [`MemoryDisk`]: an in-memory stand-in for RocksDB (for a deterministic simulation) that
+//!   loses unsynced writes when told the machine crashed; [`NodeStorage::open_in_memory`].
 //!
 //! Every stored value carries a checksum; corruption is a typed [`StoreError`] naming group and
 //! key, and the group stops serving rather than serve wrong state. An I/O error also stops the
@@ -21,17 +23,21 @@
 //! decision. It uses tokio only to move blocking RocksDB calls off the caller's runtime; it never
 //! creates a runtime.
 
+mod backend;
 pub mod codec;
 mod error;
 mod log_store;
 mod node;
+mod runtime;
 mod state_machine;
 
+pub use backend::{CrashLoss, MemoryDisk};
 pub use error::StoreError;
 pub use log_store::GroupLogStore;
 pub use node::{
     CF_LOG, CF_META, CF_STATE, NodeStorage, StatsSnapshot, StorageOptions, StorageStats,
 };
+pub use runtime::{TenureRuntime, seed_raft_randomness};
 pub use state_machine::{GroupSnapshotBuilder, GroupStateMachine};
 
 openraft::declare_raft_types!(
@@ -43,6 +49,7 @@ openraft::declare_raft_types!(
         R = Option<tenure_core::ApplyOutput>,
         NodeId = u64,
         Node = openraft::impls::BasicNode,
+        AsyncRuntime = crate::TenureRuntime,
 );
 
 /// A log entry of a tenure group.

@@ -16,13 +16,13 @@ use openraft::alias::{LogIdOf, VoteOf};
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
-use rocksdb::{Direction, IteratorMode, WriteBatch};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::backend::{Batch, Cf};
 use crate::codec::{self, META_COMMITTED, META_LAST_PURGED, META_VOTE};
 use crate::error::StoreError;
-use crate::node::{CF_LOG, CF_META, Shared, blocking};
+use crate::node::{Shared, blocking};
 use crate::{LogEntry, TenureRaft};
 
 /// The log store of one group replica. Cheap to clone; clones share the node's database.
@@ -61,13 +61,13 @@ impl GroupLogStore {
         )
     }
 
-    fn read_error(&self, operation: &'static str, err: rocksdb::Error) -> StoreError {
+    fn read_error(&self, operation: &'static str, detail: String) -> StoreError {
         self.shared.inner.stop_group(
             self.group,
             StoreError::Io {
                 group: self.group,
                 operation,
-                detail: err.to_string(),
+                detail,
             },
         )
     }
@@ -76,27 +76,21 @@ impl GroupLogStore {
         let inner = &self.shared.inner;
         inner.check_group(self.group)?;
         let bytes = inner
-            .db
-            .get_cf(inner.cf(CF_META)?, codec::tagged_key(self.group, tag))
+            .get(Cf::Meta, &codec::tagged_key(self.group, tag))
             .map_err(|err| self.read_error("meta read", err))?;
         bytes
             .map(|bytes| codec::decode(&bytes).map_err(|err| self.corrupt(what.to_owned(), err)))
             .transpose()
     }
 
-    fn meta_batch<T: Serialize>(&self, tag: u8, value: &T) -> Result<WriteBatch, StoreError> {
-        let inner = &self.shared.inner;
+    fn meta_batch<T: Serialize>(&self, tag: u8, value: &T) -> Result<Batch, StoreError> {
         let bytes = codec::encode(value).map_err(|err| StoreError::Io {
             group: self.group,
             operation: "encode meta",
             detail: err.to_string(),
         })?;
-        let mut batch = WriteBatch::default();
-        batch.put_cf(
-            inner.cf(CF_META)?,
-            codec::tagged_key(self.group, tag),
-            bytes,
-        );
+        let mut batch = Batch::default();
+        batch.put(Cf::Meta, codec::tagged_key(self.group, tag), bytes);
         Ok(batch)
     }
 
@@ -127,57 +121,71 @@ impl GroupLogStore {
             return Ok(entries);
         }
         let from = codec::log_key(self.group, start);
-        let iter = inner.db.iterator_cf(
-            inner.cf(CF_LOG)?,
-            IteratorMode::From(&from, Direction::Forward),
-        );
         let mut expected: Option<u64> = None;
-        for item in iter {
-            let (key, value) = item.map_err(|err| self.read_error("log read", err))?;
-            let Some((group, index)) = codec::parse_log_key(&key) else {
-                break;
-            };
-            if group != self.group || index >= end {
-                break;
-            }
-            if let Some(missing) = expected.filter(|&e| e != index) {
-                // A log never has holes: this is damage, not the end of the range.
-                return Err(self.shared.inner.stop_group(
-                    self.group,
-                    StoreError::Hole {
-                        group: self.group,
-                        missing,
-                    },
-                ));
-            }
-            entries.push(self.decode_entry(&key, &value)?);
-            expected = index.checked_add(1);
+        let mut failure: Option<StoreError> = None;
+        inner
+            .backend
+            .scan(Cf::Log, &from, true, |key, value| {
+                let Some((group, index)) = codec::parse_log_key(key) else {
+                    return Ok(false);
+                };
+                if group != self.group || index >= end {
+                    return Ok(false);
+                }
+                if let Some(missing) = expected.filter(|&e| e != index) {
+                    // A log never has holes: this is damage, not the end of the range.
+                    failure = Some(self.shared.inner.stop_group(
+                        self.group,
+                        StoreError::Hole {
+                            group: self.group,
+                            missing,
+                        },
+                    ));
+                    return Ok(false);
+                }
+                match self.decode_entry(key, value) {
+                    Ok(entry) => entries.push(entry),
+                    Err(error) => {
+                        failure = Some(error);
+                        return Ok(false);
+                    }
+                }
+                expected = index.checked_add(1);
+                Ok(true)
+            })
+            .map_err(|err| self.read_error("log read", err))?;
+        if let Some(error) = failure {
+            return Err(error);
         }
         Ok(entries)
     }
 
     /// The last entry of this group's log, if any.
     pub fn last_entry(&self) -> Result<Option<LogEntry>, StoreError> {
-        self.edge_entry(u64::MAX, Direction::Reverse)
+        self.edge_entry(u64::MAX, false)
     }
 
     /// The first entry of this group's log, if any.
     pub fn first_entry(&self) -> Result<Option<LogEntry>, StoreError> {
-        self.edge_entry(0, Direction::Forward)
+        self.edge_entry(0, true)
     }
 
-    /// The first entry of this group met when iterating from `index` in `direction`.
-    fn edge_entry(&self, index: u64, direction: Direction) -> Result<Option<LogEntry>, StoreError> {
+    /// The first entry of this group met when iterating from `index` forward or back.
+    fn edge_entry(&self, index: u64, forward: bool) -> Result<Option<LogEntry>, StoreError> {
         let inner = &self.shared.inner;
         inner.check_group(self.group)?;
         let from = codec::log_key(self.group, index);
-        let mut iter = inner
-            .db
-            .iterator_cf(inner.cf(CF_LOG)?, IteratorMode::From(&from, direction));
-        let Some(item) = iter.next() else {
+        let mut found: Option<(Vec<u8>, Vec<u8>)> = None;
+        inner
+            .backend
+            .scan(Cf::Log, &from, forward, |key, value| {
+                found = Some((key.to_vec(), value.to_vec()));
+                Ok(false)
+            })
+            .map_err(|err| self.read_error("log read", err))?;
+        let Some((key, value)) = found else {
             return Ok(None);
         };
-        let (key, value) = item.map_err(|err| self.read_error("log read", err))?;
         match codec::parse_log_key(&key) {
             Some((group, _)) if group == self.group => Ok(Some(self.decode_entry(&key, &value)?)),
             _ => Ok(None),
@@ -234,7 +242,7 @@ impl RaftLogStorage<TenureRaft> for GroupLogStore {
         self.shared.inner.check_group(self.group)?;
         let batch = self.meta_batch(META_VOTE, vote)?;
         let store = self.clone();
-        blocking(move || {
+        blocking(&self.shared.inner, move || {
             store
                 .shared
                 .inner
@@ -273,8 +281,7 @@ impl RaftLogStorage<TenureRaft> for GroupLogStore {
     {
         let inner = &self.shared.inner;
         inner.check_group(self.group)?;
-        let cf = inner.cf(CF_LOG)?;
-        let mut batch = WriteBatch::default();
+        let mut batch = Batch::default();
         let mut count = 0u64;
         for entry in entries {
             let value = codec::encode(&entry).map_err(|err| StoreError::Io {
@@ -282,7 +289,7 @@ impl RaftLogStorage<TenureRaft> for GroupLogStore {
                 operation: "encode entry",
                 detail: err.to_string(),
             })?;
-            batch.put_cf(cf, codec::log_key(self.group, entry.index()), value);
+            batch.put(Cf::Log, codec::log_key(self.group, entry.index()), value);
             count += 1;
         }
         inner.write_unsynced(self.group, batch, "append")?;
@@ -302,13 +309,13 @@ impl RaftLogStorage<TenureRaft> for GroupLogStore {
         let inner = &self.shared.inner;
         inner.check_group(self.group)?;
         let first_removed = last_log_id.map_or(0, |id| id.index() + 1);
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(
-            inner.cf(CF_LOG)?,
+        let mut batch = Batch::default();
+        batch.delete_range(
+            Cf::Log,
             codec::log_key(self.group, first_removed),
             codec::log_key(self.group, u64::MAX),
         );
-        batch.delete_cf(inner.cf(CF_LOG)?, codec::log_key(self.group, u64::MAX));
+        batch.delete(Cf::Log, codec::log_key(self.group, u64::MAX));
         // Not synced: the entries removed were never committed, and a later append is synced
         // before it is acknowledged, which makes this delete durable too (same WAL, in order).
         Ok(inner.write_unsynced(self.group, batch, "truncate")?)
@@ -318,8 +325,8 @@ impl RaftLogStorage<TenureRaft> for GroupLogStore {
         let inner = &self.shared.inner;
         inner.check_group(self.group)?;
         let mut batch = self.meta_batch(META_LAST_PURGED, &log_id)?;
-        batch.delete_range_cf(
-            inner.cf(CF_LOG)?,
+        batch.delete_range(
+            Cf::Log,
             codec::log_key(self.group, 0),
             codec::log_key(self.group, log_id.index() + 1),
         );

@@ -6,6 +6,10 @@
 //! (`flush_wal(true)`), and completes them all: a callback is only ever completed by a sync that
 //! started after its write returned, so success means durable. While one sync runs, new
 //! callbacks gather for the next: group commit without a timer.
+//!
+//! On a [`MemoryDisk`] (a deterministic simulation) the same rules hold, but the flusher is a
+//! task on the caller's runtime, a sync takes the disk's latency on the runtime's clock, and work
+//! that would block runs inline: no thread of its own, so a simulation replays it exactly.
 
 use std::collections::HashMap;
 use std::io;
@@ -15,9 +19,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use openraft::storage::IOFlushed;
-use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
+use rocksdb::{ColumnFamilyDescriptor, DB, Options};
 
 use crate::TenureRaft;
+use crate::backend::{Backend, Batch, MemoryDisk};
 use crate::error::StoreError;
 
 /// Column family of log entries.
@@ -90,15 +95,33 @@ struct FlushQueue {
 }
 
 pub(crate) struct Inner {
-    pub(crate) db: DB,
+    pub(crate) backend: Backend,
     pub(crate) data_dir: PathBuf,
     pub(crate) options: StorageOptions,
     pub(crate) stats: StorageStats,
     queue: Mutex<FlushQueue>,
     queue_ready: Condvar,
+    /// Wakes the flusher task of a memory disk.
+    flush_wakeup: tokio::sync::Notify,
     stopped: Mutex<HashMap<u32, String>>,
     /// Set when a WAL sync fails: nothing pending can be called durable, so every group stops.
     node_failure: Mutex<Option<String>>,
+}
+
+impl Inner {
+    fn new(backend: Backend, data_dir: &Path, options: StorageOptions) -> Self {
+        Inner {
+            backend,
+            data_dir: data_dir.to_path_buf(),
+            options,
+            stats: StorageStats::default(),
+            queue: Mutex::new(FlushQueue::default()),
+            queue_ready: Condvar::new(),
+            flush_wakeup: tokio::sync::Notify::new(),
+            stopped: Mutex::new(HashMap::new()),
+            node_failure: Mutex::new(None),
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -109,14 +132,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Inner {
-    pub(crate) fn cf(&self, name: &'static str) -> Result<&ColumnFamily, StoreError> {
-        self.db.cf_handle(name).ok_or_else(|| StoreError::Io {
-            group: u32::MAX,
-            operation: "column family lookup",
-            detail: format!("column family {name} is missing"),
-        })
-    }
-
     /// Refuses work for a group that has stopped.
     pub(crate) fn check_group(&self, group: u32) -> Result<(), StoreError> {
         if let Some(reason) = lock(&self.node_failure).as_ref() {
@@ -147,7 +162,7 @@ impl Inner {
     pub(crate) fn write_unsynced(
         &self,
         group: u32,
-        batch: WriteBatch,
+        batch: Batch,
         operation: &'static str,
     ) -> Result<(), StoreError> {
         self.write(group, batch, operation, false)
@@ -157,7 +172,7 @@ impl Inner {
     pub(crate) fn write_synced(
         &self,
         group: u32,
-        batch: WriteBatch,
+        batch: Batch,
         operation: &'static str,
     ) -> Result<(), StoreError> {
         self.write(group, batch, operation, self.options.fsync)
@@ -166,25 +181,33 @@ impl Inner {
     fn write(
         &self,
         group: u32,
-        batch: WriteBatch,
+        batch: Batch,
         operation: &'static str,
         sync: bool,
     ) -> Result<(), StoreError> {
-        let mut options = WriteOptions::default();
-        options.set_sync(sync);
-        if sync {
+        // A memory disk's synced writes cost nothing: sleeping here would stop the simulation.
+        if sync && !self.backend.is_memory() {
             self.injected_sync_delay();
         }
-        self.db.write_opt(batch, &options).map_err(|err| {
+        self.backend.write(batch, sync).map_err(|detail| {
             self.stop_group(
                 group,
                 StoreError::Io {
                     group,
                     operation,
-                    detail: err.to_string(),
+                    detail,
                 },
             )
         })
+    }
+
+    /// Reads one value (a failure is reported by the caller, which knows the group).
+    pub(crate) fn get(
+        &self,
+        cf: crate::backend::Cf,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, String> {
+        self.backend.get(cf, key)
     }
 
     /// Sleeps for the injected sync delay, if a test set one (a slow disk).
@@ -200,6 +223,64 @@ impl Inner {
         queue.pending.push(callback);
         drop(queue);
         self.queue_ready.notify_one();
+        self.flush_wakeup.notify_one();
+    }
+
+    /// Takes every queued callback, or `None` at shutdown with nothing queued.
+    fn take_pending(&self) -> Option<Vec<IOFlushed<TenureRaft>>> {
+        let mut queue = lock(&self.queue);
+        if queue.pending.is_empty() {
+            return (!queue.shutdown).then(Vec::new);
+        }
+        Some(std::mem::take(&mut queue.pending))
+    }
+
+    /// Completes `batch` with the result of the sync that made it durable.
+    fn complete(&self, batch: Vec<IOFlushed<TenureRaft>>, result: Result<(), String>, micros: u64) {
+        if let Err(detail) = &result {
+            tracing::error!(error = %detail, "WAL sync failed: every group on this node stops");
+            lock(&self.node_failure).get_or_insert_with(|| format!("WAL sync failed: {detail}"));
+        }
+        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.stats.fsync_micros.fetch_add(micros, Ordering::Relaxed);
+        let completed = batch.len() as u64;
+        for callback in batch {
+            callback.io_completed(result.clone().map_err(|detail| {
+                io::Error::from(StoreError::Io {
+                    group: u32::MAX,
+                    operation: "WAL sync",
+                    detail,
+                })
+            }));
+        }
+        self.stats
+            .callbacks_completed
+            .fetch_add(completed, Ordering::Relaxed);
+    }
+
+    /// The memory disk's flusher: a task on the runtime that opened the store.
+    async fn memory_flusher(self: Arc<Self>, latency_us: u64) {
+        loop {
+            let Some(batch) = self.take_pending() else {
+                return;
+            };
+            if batch.is_empty() {
+                self.flush_wakeup.notified().await;
+                continue;
+            }
+            let delay_us = latency_us
+                .saturating_add(self.options.injected_sync_delay_us.load(Ordering::Relaxed));
+            if delay_us > 0 {
+                tokio::time::sleep(std::time::Duration::from_micros(delay_us)).await;
+            }
+            // Everything written before the callbacks were taken is in this sync.
+            let result = if self.options.fsync {
+                self.backend.sync()
+            } else {
+                Ok(())
+            };
+            self.complete(batch, result, delay_us);
+        }
     }
 
     fn flusher_loop(self: Arc<Self>) {
@@ -220,47 +301,38 @@ impl Inner {
             let started = std::time::Instant::now();
             let result = if self.options.fsync {
                 self.injected_sync_delay();
-                self.db.flush_wal(true).map_err(|err| err.to_string())
+                self.backend.sync()
             } else {
                 Ok(())
             };
             let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-            if let Err(detail) = &result {
-                tracing::error!(error = %detail, "WAL sync failed: every group on this node stops");
-                lock(&self.node_failure)
-                    .get_or_insert_with(|| format!("WAL sync failed: {detail}"));
-            }
-            self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-            self.stats.fsync_micros.fetch_add(micros, Ordering::Relaxed);
-            let completed = batch.len() as u64;
-            for callback in batch {
-                callback.io_completed(result.clone().map_err(|detail| {
-                    io::Error::from(StoreError::Io {
-                        group: u32::MAX,
-                        operation: "WAL sync",
-                        detail,
-                    })
-                }));
-            }
-            self.stats
-                .callbacks_completed
-                .fetch_add(completed, Ordering::Relaxed);
+            self.complete(batch, result, micros);
         }
     }
 }
 
-/// Owns the flusher thread; dropped with the last handle to the store.
+enum Flusher {
+    Thread(JoinHandle<()>),
+    Task(tokio::task::JoinHandle<()>),
+}
+
+/// Owns the flusher; dropped with the last handle to the store.
 pub(crate) struct Shared {
     pub(crate) inner: Arc<Inner>,
-    flusher: Mutex<Option<JoinHandle<()>>>,
+    flusher: Mutex<Option<Flusher>>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         lock(&self.inner.queue).shutdown = true;
         self.inner.queue_ready.notify_all();
-        if let Some(handle) = lock(&self.flusher).take() {
-            let _ = handle.join();
+        self.inner.flush_wakeup.notify_one();
+        match lock(&self.flusher).take() {
+            Some(Flusher::Thread(handle)) => {
+                let _ = handle.join();
+            }
+            Some(Flusher::Task(task)) => task.abort(),
+            None => {}
         }
     }
 }
@@ -308,16 +380,7 @@ impl NodeStorage {
             .map(|name| ColumnFamilyDescriptor::new(name, cf_options()));
         let db = DB::open_cf_descriptors(&db_options, data_dir.join("db"), descriptors)
             .map_err(|err| open_error(err.to_string()))?;
-        let inner = Arc::new(Inner {
-            db,
-            data_dir: data_dir.to_path_buf(),
-            options,
-            stats: StorageStats::default(),
-            queue: Mutex::new(FlushQueue::default()),
-            queue_ready: Condvar::new(),
-            stopped: Mutex::new(HashMap::new()),
-            node_failure: Mutex::new(None),
-        });
+        let inner = Arc::new(Inner::new(Backend::Rocks(db), data_dir, options));
         let flusher_inner = Arc::clone(&inner);
         let handle = std::thread::Builder::new()
             .name("tenure-wal-flusher".to_owned())
@@ -326,7 +389,31 @@ impl NodeStorage {
         Ok(NodeStorage {
             shared: Arc::new(Shared {
                 inner,
-                flusher: Mutex::new(Some(handle)),
+                flusher: Mutex::new(Some(Flusher::Thread(handle))),
+            }),
+        })
+    }
+
+    /// Opens a store on a [`MemoryDisk`] (a deterministic simulation's): what the disk holds is
+    /// what a previous incarnation of the node synced (after [`MemoryDisk::crash`], what a crash
+    /// kept). Snapshot files still go to `data_dir`, written inline. Must run inside a tokio
+    /// runtime: the flusher is a task on it, and it dies with the runtime.
+    pub fn open_in_memory(
+        data_dir: &Path,
+        disk: MemoryDisk,
+        options: StorageOptions,
+    ) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(data_dir.join("snapshots")).map_err(|err| StoreError::Open {
+            path: data_dir.to_path_buf(),
+            detail: err.to_string(),
+        })?;
+        let latency_us = disk.sync_latency_us();
+        let inner = Arc::new(Inner::new(Backend::Memory(disk), data_dir, options));
+        let task = tokio::spawn(Arc::clone(&inner).memory_flusher(latency_us));
+        Ok(NodeStorage {
+            shared: Arc::new(Shared {
+                inner,
+                flusher: Mutex::new(Some(Flusher::Task(task))),
             }),
         })
     }
@@ -363,18 +450,27 @@ impl NodeStorage {
         stopped
     }
 
+    /// True when the store lives on a [`MemoryDisk`] (a simulation).
+    pub fn is_in_memory(&self) -> bool {
+        self.shared.inner.backend.is_memory()
+    }
+
     /// The directory holding this node's data.
     pub fn data_dir(&self) -> &Path {
         &self.shared.inner.data_dir
     }
 }
 
-/// Runs blocking storage work off the async caller's thread.
-pub(crate) async fn blocking<T, F>(work: F) -> Result<T, io::Error>
+/// Runs blocking storage work off the async caller's thread (on a memory disk, inline: it does
+/// not block, and a thread of its own would make a simulation irreproducible).
+pub(crate) async fn blocking<T, F>(inner: &Inner, work: F) -> Result<T, io::Error>
 where
     F: FnOnce() -> Result<T, StoreError> + Send + 'static,
     T: Send + 'static,
 {
+    if inner.backend.is_memory() {
+        return work().map_err(io::Error::from);
+    }
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|err| io::Error::other(format!("storage task failed: {err}")))?

@@ -20,14 +20,14 @@ use openraft::alias::{LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf};
 use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend};
-use rocksdb::WriteBatch;
 use serde::{Deserialize, Serialize};
 use tenure_core::{GroupId, LeaseStateMachine, StateOptions};
 
 use crate::TenureRaft;
+use crate::backend::{Batch, Cf};
 use crate::codec::{self, STATE_SNAPSHOT};
 use crate::error::StoreError;
-use crate::node::{CF_STATE, NodeStorage, Shared, blocking};
+use crate::node::{NodeStorage, Shared, blocking};
 
 /// Where the current snapshot of a group is, as recorded in the state column family.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -98,15 +98,11 @@ impl GroupStateMachine {
             detail: err.to_string(),
         })?;
         let pointer = inner
-            .db
-            .get_cf(
-                inner.cf(CF_STATE)?,
-                codec::tagged_key(group, STATE_SNAPSHOT),
-            )
-            .map_err(|err| StoreError::Io {
+            .get(Cf::State, &codec::tagged_key(group, STATE_SNAPSHOT))
+            .map_err(|detail| StoreError::Io {
                 group,
                 operation: "read snapshot pointer",
-                detail: err.to_string(),
+                detail,
             })?
             .map(|bytes| {
                 codec::decode::<SnapshotPointer>(&bytes).map_err(|source| StoreError::Corrupt {
@@ -152,6 +148,16 @@ impl GroupStateMachine {
     /// Runs `f` on the lease state (queries: get, list, stats, next expiry).
     pub fn with_leases<T>(&self, f: impl FnOnce(&LeaseStateMachine) -> T) -> T {
         f(&lock(&self.state).leases)
+    }
+
+    /// Runs `f` on the lease state and the last log id applied, read together (a simulation
+    /// compares replicas at equal applied indexes).
+    pub fn with_applied_leases<T>(
+        &self,
+        f: impl FnOnce(Option<&LogIdOf<TenureRaft>>, &LeaseStateMachine) -> T,
+    ) -> T {
+        let state = lock(&self.state);
+        f(state.last_applied.as_ref(), &state.leases)
     }
 
     /// The last log id applied.
@@ -225,9 +231,9 @@ impl GroupStateMachine {
             operation: "encode snapshot pointer",
             detail: err.to_string(),
         })?;
-        let mut batch = WriteBatch::default();
-        batch.put_cf(
-            inner.cf(CF_STATE)?,
+        let mut batch = Batch::default();
+        batch.put(
+            Cf::State,
             codec::tagged_key(self.group, STATE_SNAPSHOT),
             bytes,
         );
@@ -361,7 +367,8 @@ impl RaftSnapshotBuilder<TenureRaft> for GroupSnapshotBuilder {
 
     async fn build_snapshot(&mut self) -> Result<SnapshotOf<TenureRaft, File>, io::Error> {
         let machine = self.machine.clone();
-        let (pointer, file) = blocking(move || machine.build_blocking()).await?;
+        let (pointer, file) =
+            blocking(&self.machine.shared.inner, move || machine.build_blocking()).await?;
         Ok(SnapshotOf::<TenureRaft, File> {
             meta: pointer.meta,
             snapshot: file,
@@ -430,7 +437,10 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
     ) -> Result<(), io::Error> {
         let machine = self.clone();
         let meta = meta.clone();
-        blocking(move || machine.install_blocking(meta, snapshot)).await
+        blocking(&self.shared.inner, move || {
+            machine.install_blocking(meta, snapshot)
+        })
+        .await
     }
 
     async fn get_current_snapshot(

@@ -370,3 +370,37 @@ async fn an_injected_sync_delay_holds_every_durable_append_back_and_can_be_lifte
     let read = store.try_get_log_entries(1..6).await.unwrap();
     assert_eq!(read.len(), 5, "nothing appended under the delay was lost");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_memory_disk_keeps_acknowledged_appends_and_votes_across_a_crash_and_loses_only_unsynced_ones()
+ {
+    let dir = TempDir::new().unwrap();
+    let disk = tenure_storage::MemoryDisk::new(3, 100);
+    let vote = openraft::Vote::new(4, 2);
+    {
+        let node = NodeStorage::open_in_memory(dir.path(), disk.clone(), StorageOptions::default())
+            .unwrap();
+        let mut store = node.log_store(1);
+        store.save_vote(&vote).await.unwrap();
+        append_durably(&mut store, expire_entries(1..6)).await;
+        // Written but never flushed: the callback is dropped, nothing acknowledges these.
+        store
+            .append(expire_entries(6..9), IOFlushed::noop())
+            .await
+            .unwrap();
+        assert_eq!(store.try_get_log_entries(1..9).await.unwrap().len(), 8);
+    }
+    let loss = disk.crash();
+    assert_eq!(loss.kept_batches + loss.lost_batches, 1, "{loss:?}");
+    let node =
+        NodeStorage::open_in_memory(dir.path(), disk.clone(), StorageOptions::default()).unwrap();
+    let mut store = node.log_store(1);
+    assert_eq!(
+        store.read_vote().await.unwrap(),
+        Some(vote),
+        "a saved vote is synced"
+    );
+    let survived = store.try_get_log_entries(1..9).await.unwrap();
+    // Every acknowledged append survives; the unacknowledged batch survives whole or not at all.
+    assert_eq!(survived.len(), 5 + 3 * loss.kept_batches, "{loss:?}");
+}
