@@ -5,10 +5,14 @@
 //! Only leaders read it, to advance log time since they took over (contract section 4). Wall
 //! clocks are never used for decisions.
 //!
-//! Must not depend on: tokio, the network, the groups.
+//! Must not depend on: the network, the groups. (It reads tokio's clock, which is the system's
+//! monotonic clock unless a simulation pauses it.)
 
 use std::sync::Mutex;
-use std::time::Instant;
+
+// The runtime's clock: the system's monotonic clock unless a runtime pauses it (a deterministic
+// simulation, which then advances it; each simulated host has its own).
+use tokio::time::Instant;
 
 /// A monotonic millisecond clock.
 pub trait MonotonicClock: Send + Sync + 'static {

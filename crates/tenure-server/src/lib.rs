@@ -52,5 +52,5 @@ pub mod service;
 
 pub use config::ServerConfig;
 pub use error::ServerError;
-pub use node::Node;
+pub use node::{Node, NodeEnv};
 pub use service::{RequestContext, Service};

@@ -20,7 +20,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use openraft::impls::BasicNode;
 use tenure_core::{
@@ -134,10 +136,64 @@ pub fn desired_limits(config: &ServerConfig) -> GroupLimits {
     }
 }
 
+/// What a node takes from its surroundings besides its configuration. The defaults are the real
+/// ones (`tenure serve`): RocksDB in the data directory, a UDP socket bound to the configured
+/// address, the HTTP gateway, seeds from the operating system. A deterministic simulation
+/// supplies its own.
+pub struct NodeEnv {
+    /// The QUIC endpoint to serve on instead of binding the configured address (over a
+    /// simulated socket, say); the node installs its server configuration on it.
+    pub endpoint: Option<quinn::Endpoint>,
+    /// The storage to use instead of opening RocksDB in the data directory.
+    pub storage: Option<NodeStorage>,
+    /// Seeds the node's own random choices (the transport's reconnect jitter and fault layer,
+    /// the state machines' hash seeds) instead of the operating system.
+    pub seed: Option<u64>,
+    /// Serve the HTTP gateway (default true).
+    pub serve_http: bool,
+    /// The data lanes' linger in microseconds, instead of the transport's default (a
+    /// simulation with a paused clock needs 0 or at least 1000).
+    pub lane_linger_us: Option<u64>,
+    /// The wall clock the negative control `expire-by-wall-clock` reads instead of the
+    /// system's (a simulation's, which its nemesis can jump).
+    pub wall_clock: Option<Arc<dyn MonotonicClock>>,
+}
+
+impl std::fmt::Debug for NodeEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeEnv")
+            .field("endpoint", &self.endpoint.is_some())
+            .field("storage", &self.storage.is_some())
+            .field("seed", &self.seed)
+            .field("serve_http", &self.serve_http)
+            .field("lane_linger_us", &self.lane_linger_us)
+            .field("wall_clock", &self.wall_clock.is_some())
+            .finish()
+    }
+}
+
+impl Default for NodeEnv {
+    fn default() -> Self {
+        NodeEnv {
+            endpoint: None,
+            storage: None,
+            seed: None,
+            serve_http: true,
+            lane_linger_us: None,
+            wall_clock: None,
+        }
+    }
+}
+
 impl Node {
     /// Starts a node from its configuration (already validated by the caller or not: it is
     /// validated again here).
     pub async fn start(config: ServerConfig) -> Result<Node, ServerError> {
+        Self::start_with(config, NodeEnv::default()).await
+    }
+
+    /// Starts a node with parts of its environment supplied (see [`NodeEnv`]).
+    pub async fn start_with(config: ServerConfig, env: NodeEnv) -> Result<Node, ServerError> {
         config
             .validate()
             .map_err(|error| ServerError::Config(error.to_string()))?;
@@ -161,7 +217,10 @@ impl Node {
             ..StorageOptions::default()
         };
         let wal_sync_delay_us = storage_options.injected_sync_delay_us.clone();
-        let storage = NodeStorage::open(&config.data_dir.join("db"), storage_options)?;
+        let storage = match env.storage {
+            Some(storage) => storage,
+            None => NodeStorage::open(&config.data_dir.join("db"), storage_options)?,
+        };
         let tls = NodeTls::load(
             node_id,
             &config.tls.ca_cert,
@@ -182,7 +241,12 @@ impl Node {
         let timing = config.timing();
         let mut transport_config = TransportConfig::new(node_id, own.addr, peer_addrs.clone());
         transport_config.cluster_name = config.cluster_name.clone();
-        transport_config.seed = rand::random();
+        transport_config.seed = env.seed.unwrap_or_else(rand::random);
+        if let Some(linger_us) = env.lane_linger_us {
+            transport_config.linger_us = linger_us;
+        }
+        // A memory disk means a simulation: snapshot files are read and written inline there.
+        transport_config.inline_file_io = storage.is_in_memory();
         let table = Arc::new(GroupTable::new(spool_dir));
         let registry: Arc<dyn GroupRegistry> = table.clone();
         let client_server = ClientServer::new();
@@ -191,7 +255,15 @@ impl Node {
             .testing
             .fault_control
             .then(|| Arc::new(FaultInjector::new(transport_config.seed)));
-        let transport = Transport::start_with_clients(
+        let endpoint = match env.endpoint {
+            Some(endpoint) => endpoint,
+            // Bound without a server configuration: the transport installs it.
+            None => quinn::Endpoint::client(own.addr).map_err(|e| {
+                ServerError::io(format!("binding the peer endpoint {}", own.addr), e)
+            })?,
+        };
+        let transport = Transport::start_on_endpoint(
+            endpoint,
             transport_config.clone(),
             &tls,
             registry.clone(),
@@ -213,7 +285,9 @@ impl Node {
         let negative_control = config.testing.negative_control;
         let clock: Arc<dyn MonotonicClock> =
             if negative_control.breaks(NegativeControl::ExpireByWallClock) {
-                Arc::new(WallClock)
+                env.wall_clock
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(WallClock))
             } else {
                 system_clock.clone()
             };
@@ -262,7 +336,9 @@ impl Node {
         };
         let mut groups: Vec<Option<Arc<GroupHandle>>> = Vec::with_capacity(config.groups as usize);
         let state_options = StateOptions {
-            hash_seed: rand::random(),
+            hash_seed: env
+                .seed
+                .map_or_else(rand::random, |seed| seed ^ 0x5eed_0f7a_b1e5),
             negative_control,
         };
         let mut fresh = Vec::new();
@@ -348,21 +424,26 @@ impl Node {
         };
         client_server.set_service(service.clone(), node_ids);
 
-        let listener = tokio::net::TcpListener::bind(own.http_addr)
-            .await
-            .map_err(|e| ServerError::io(format!("binding HTTP {}", own.http_addr), e))?;
-        let http_addr = listener
-            .local_addr()
-            .map_err(|e| ServerError::io("reading the HTTP address", e))?;
         let (http_shutdown, mut http_stop) = watch::channel(false);
-        let http_task = tokio::spawn(async move {
-            let stop = async move {
-                let _ = http_stop.wait_for(|stop| *stop).await;
-            };
-            if let Err(error) = crate::http::serve(listener, service, stop).await {
-                warn!("HTTP gateway stopped: {error}");
-            }
-        });
+        let (http_addr, http_task) = if env.serve_http {
+            let listener = tokio::net::TcpListener::bind(own.http_addr)
+                .await
+                .map_err(|e| ServerError::io(format!("binding HTTP {}", own.http_addr), e))?;
+            let http_addr = listener
+                .local_addr()
+                .map_err(|e| ServerError::io("reading the HTTP address", e))?;
+            let task = tokio::spawn(async move {
+                let stop = async move {
+                    let _ = http_stop.wait_for(|stop| *stop).await;
+                };
+                if let Err(error) = crate::http::serve(listener, service, stop).await {
+                    warn!("HTTP gateway stopped: {error}");
+                }
+            });
+            (http_addr, task)
+        } else {
+            (own.http_addr, tokio::spawn(async {}))
+        };
         let tasks = vec![
             heartbeat,
             tokio::spawn(run_expiry(shared.clone())),
@@ -386,6 +467,18 @@ impl Node {
             client_addr,
             http_addr,
         })
+    }
+
+    /// The group replicas this node hosts, by group id (for tests and simulations that watch
+    /// them).
+    pub fn groups(&self) -> Vec<Arc<GroupHandle>> {
+        self.shared.hosted().cloned().collect()
+    }
+
+    /// The fault knobs (`[testing] fault_control = true` only): a simulation turns them directly,
+    /// as the fault-injection suite does through `/testing/faults`.
+    pub fn fault_controls(&self) -> Option<Arc<FaultControls>> {
+        self.shared.fault_controls.clone()
     }
 
     /// The request handler.
