@@ -58,6 +58,35 @@ impl FencedStore {
     }
 }
 
+/// A [`FencedStore`] shared by the tasks of one process (a simulation's), recording every
+/// judgement as the socket server does.
+#[derive(Debug, Clone, Default)]
+pub struct SharedFence {
+    inner: Arc<Mutex<(FencedStore, Vec<WriteRecord>)>>,
+}
+
+impl SharedFence {
+    /// Judges `write`, which arrived at `arrived_ns`, and records it.
+    pub fn write(&self, write: FencedWrite, arrived_ns: crate::history::Nanos) -> WriteReply {
+        let mut inner = lock(&self.inner);
+        let reply = inner.0.write(&write.resource, write.token);
+        if inner.1.len() < RECORDED_WRITES_MAX {
+            inner.1.push(WriteRecord {
+                write,
+                arrived_ns,
+                accepted: reply.accepted,
+                highest_before: reply.highest_before,
+            });
+        }
+        reply
+    }
+
+    /// Every write judged so far.
+    pub fn records(&self) -> Vec<WriteRecord> {
+        lock(&self.inner).1.clone()
+    }
+}
+
 /// Errors of the store's socket.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -173,6 +202,7 @@ async fn serve_connection(stream: UnixStream, shared: Arc<Shared>) {
 }
 
 /// One connection to a [`StoreServer`].
+#[derive(Debug)]
 pub struct StoreClient {
     path: PathBuf,
     lines: BufReader<tokio::net::unix::OwnedReadHalf>,

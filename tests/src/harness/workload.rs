@@ -18,7 +18,7 @@
 //!
 //! Must not depend on: the cluster's processes or the checker.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,7 +36,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{mpsc, watch};
 
 use super::HarnessError;
-use crate::fencing::StoreClient;
+use crate::fencing::{SharedFence, StoreClient, StoreError, WriteReply};
 use crate::history::FencedWrite;
 use crate::history::{
     InstantAnchor, LeaseRef, Nanos, OpKind, OpRecord, Outcome, ViewRecord, mono_now_ns,
@@ -165,35 +165,41 @@ async fn run_worker(args: WorkerArgs) -> Result<(), HarnessError> {
         let _ = out.flush().await;
         (out, count)
     });
-    let anchor = InstantAnchor::new();
+    let clock = WorkClock::Machine(InstantAnchor::new());
+    let sink = Sink::Lines(records.clone());
     let next_id = Arc::new(AtomicU64::new(1));
     let rejected = Arc::new(AtomicU64::new(0));
+    let workload = Arc::new(Workload {
+        tenant: args.tenant.clone(),
+        resources: args.resources.clone(),
+        groups: groups.clone(),
+        ttl_ms: args.ttl_ms,
+    });
     let mut handles = Vec::new();
     for task in 1..=args.tasks {
         let name = format!("p{}t{task}", args.process);
-        let store = StoreClient::connect(&args.store).await?;
-        let task = Task {
-            client: client.clone(),
-            anchor,
+        let fence = Fence::Socket(StoreClient::connect(&args.store).await?);
+        let spec = TaskSpec {
             holder: format!("{}-{name}", args.run_tag),
             name,
-            rng: SmallRng::seed_from_u64(args.seed ^ (u64::from(task) << 32)),
-            records: records.clone(),
-            next_id: next_id.clone(),
+            seed: args.seed ^ (u64::from(task) << 32),
             id_base: u64::from(args.process) << 40,
-            store,
-            stop: stop.clone(),
-            tenant: args.tenant.clone(),
-            resources: args.resources.clone(),
-            groups: groups.clone(),
-            ttl_ms: args.ttl_ms,
-            replayable: Vec::new(),
-            held: None,
-            request_seq: 0,
-            rejected: rejected.clone(),
         };
-        handles.push(tokio::spawn(task.run()));
+        handles.push(tokio::spawn(
+            TaskSet {
+                client: client.clone(),
+                clock: clock.clone(),
+                sink: sink.clone(),
+                stop: stop.clone(),
+                workload: workload.clone(),
+                next_id: next_id.clone(),
+                rejected: rejected.clone(),
+            }
+            .task(spec, fence)
+            .run(),
+        ));
     }
+    drop(sink);
     drop(records);
     for handle in handles {
         let _ = handle.await;
@@ -212,6 +218,170 @@ async fn run_worker(args: WorkerArgs) -> Result<(), HarnessError> {
     }
     client.close().await;
     Ok(())
+}
+
+/// Where a task's time comes from.
+#[derive(Debug, Clone)]
+pub enum WorkClock {
+    /// The machine's `CLOCK_MONOTONIC` (the client processes of a fault run).
+    Machine(InstantAnchor),
+    /// A simulation's: its elapsed time, which moves in steps of `tick_ns`. Invocations are
+    /// read at the start of their step and completions at its end, so every recorded window
+    /// contains the true one.
+    Simulated {
+        /// The simulation's step.
+        tick_ns: Nanos,
+    },
+}
+
+impl WorkClock {
+    /// Now, as an invocation time (never later than the truth).
+    pub fn now_ns(&self) -> Nanos {
+        match self {
+            WorkClock::Machine(_) => mono_now_ns(),
+            WorkClock::Simulated { .. } => turmoil::sim_elapsed().map_or(0, |elapsed| {
+                u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+            }),
+        }
+    }
+
+    /// Now, as a completion time (never earlier than the truth).
+    pub fn completed_ns(&self) -> Nanos {
+        match self {
+            WorkClock::Machine(_) => mono_now_ns(),
+            WorkClock::Simulated { tick_ns } => self.now_ns().saturating_add(*tick_ns),
+        }
+    }
+
+    /// A deadline the client library gave as an `Instant` (never later than the truth).
+    pub fn to_ns(&self, instant: std::time::Instant) -> Nanos {
+        match self {
+            WorkClock::Machine(anchor) => anchor.to_nanos(instant),
+            WorkClock::Simulated { .. } => {
+                // The library's instants are on this host's (simulated) tokio clock.
+                let now = tokio::time::Instant::now().into_std();
+                let base = self.now_ns();
+                if instant >= now {
+                    base.saturating_add(
+                        u64::try_from((instant - now).as_nanos()).unwrap_or(u64::MAX),
+                    )
+                } else {
+                    base.saturating_sub(u64::try_from((now - instant).as_nanos()).unwrap_or(0))
+                }
+            }
+        }
+    }
+}
+
+/// Where a task's records go.
+#[derive(Debug, Clone)]
+pub enum Sink {
+    /// JSON lines on standard output (a client process).
+    Lines(mpsc::Sender<WorkerLine>),
+    /// A shared map by operation id (a simulation).
+    Memory(Arc<std::sync::Mutex<BTreeMap<u64, OpRecord>>>),
+}
+
+impl Sink {
+    async fn send(&self, line: WorkerLine) {
+        match self {
+            Sink::Lines(sender) => {
+                let _ = sender.send(line).await;
+            }
+            Sink::Memory(ops) => {
+                let record = match line {
+                    WorkerLine::Invoke(record) | WorkerLine::Op(record) => record,
+                    WorkerLine::Done { .. } => return,
+                };
+                ops.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(record.id, record);
+            }
+        }
+    }
+}
+
+/// Where a task's fenced writes go.
+#[derive(Debug)]
+pub enum Fence {
+    /// The run's store over its Unix socket.
+    Socket(StoreClient),
+    /// A store in this process (a simulation).
+    Local(SharedFence),
+}
+
+impl Fence {
+    async fn write(
+        &mut self,
+        write: &FencedWrite,
+        clock: &WorkClock,
+    ) -> Result<WriteReply, StoreError> {
+        match self {
+            Fence::Socket(client) => client.write(write).await,
+            Fence::Local(store) => Ok(store.write(write.clone(), clock.now_ns())),
+        }
+    }
+}
+
+/// What every task of a set shares.
+#[derive(Debug)]
+pub struct Workload {
+    /// The tenant of every resource.
+    pub tenant: String,
+    /// The keyspace.
+    pub resources: Vec<String>,
+    /// Each resource's group.
+    pub groups: Arc<HashMap<String, u32>>,
+    /// Lease ttl.
+    pub ttl_ms: u64,
+}
+
+/// One task's identity.
+#[derive(Debug, Clone)]
+pub struct TaskSpec {
+    /// Its name in the history (`p1t2`).
+    pub name: String,
+    /// The holder id it acts as.
+    pub holder: String,
+    /// Seeds its choices.
+    pub seed: u64,
+    /// Added to its operation ids (unique per process or client host).
+    pub id_base: u64,
+}
+
+/// The tasks of one client process or simulated client: they share a client, a clock, a sink
+/// and the stop signal (the resolve deadline, on the clock).
+#[derive(Clone)]
+pub struct TaskSet {
+    /// The client library.
+    pub client: Client,
+    /// Time.
+    pub clock: WorkClock,
+    /// Records.
+    pub sink: Sink,
+    /// `Some(resolve deadline)` once the tasks must stop.
+    pub stop: watch::Receiver<Option<Nanos>>,
+    /// The keyspace and ttl.
+    pub workload: Arc<Workload>,
+    /// Operation counter.
+    pub next_id: Arc<AtomicU64>,
+    /// Fenced writes the store rejected.
+    pub rejected: Arc<AtomicU64>,
+}
+
+impl TaskSet {
+    /// A task of this set; `.run()` it.
+    pub fn task(&self, spec: TaskSpec, fence: Fence) -> Task {
+        Task {
+            set: self.clone(),
+            rng: SmallRng::seed_from_u64(spec.seed),
+            spec,
+            fence,
+            replayable: Vec::new(),
+            held: None,
+            request_seq: 0,
+        }
+    }
 }
 
 /// A call, as it is repeated until a definite answer.
@@ -269,36 +439,26 @@ enum Attempt {
     Final(String),
 }
 
-struct Task {
-    client: Client,
-    anchor: InstantAnchor,
-    name: String,
-    holder: String,
+/// One holder's loop (see the module docs).
+pub struct Task {
+    set: TaskSet,
+    spec: TaskSpec,
     rng: SmallRng,
-    records: mpsc::Sender<WorkerLine>,
-    next_id: Arc<AtomicU64>,
-    id_base: u64,
-    store: StoreClient,
-    stop: watch::Receiver<Option<Nanos>>,
-    tenant: String,
-    resources: Vec<String>,
-    groups: Arc<HashMap<String, u32>>,
-    ttl_ms: u64,
+    fence: Fence,
     replayable: Vec<(u64, Call, String)>,
     held: Option<Held>,
     request_seq: u64,
-    rejected: Arc<AtomicU64>,
 }
 
 /// A grant as the history records it.
-fn granted_outcome(grant: &Grant, anchor: &InstantAnchor) -> Outcome {
+fn granted_outcome(grant: &Grant, clock: &WorkClock) -> Outcome {
     Outcome::Granted {
         lease: lease_ref(grant.lease_id),
         token: grant.fencing_token,
         log_time_ms: grant.log_time_ms,
         expires_at_ms: grant.expires_at_ms,
         replayed: grant.replayed,
-        safe_deadline_ns: anchor.to_nanos(grant.safe_deadline),
+        safe_deadline_ns: clock.to_ns(grant.safe_deadline),
     }
 }
 
@@ -361,29 +521,31 @@ fn classify_error(error: &ClientError) -> Attempt {
 
 impl Task {
     fn stopping(&self) -> bool {
-        self.stop.borrow().is_some()
+        self.set.stop.borrow().is_some()
     }
 
     fn past_resolve_deadline(&self) -> bool {
-        self.stop
+        self.set
+            .stop
             .borrow()
-            .is_some_and(|deadline| mono_now_ns() >= deadline)
+            .is_some_and(|deadline| self.set.clock.now_ns() >= deadline)
     }
 
     fn key(&self, resource: &str) -> ResourceKey {
-        ResourceKey::new(self.tenant.clone(), resource.to_string())
+        ResourceKey::new(self.set.workload.tenant.clone(), resource.to_string())
     }
 
     fn ttl(&self) -> Duration {
-        Duration::from_millis(self.ttl_ms)
+        Duration::from_millis(self.set.workload.ttl_ms)
     }
 
     fn new_request_id(&mut self) -> String {
         self.request_seq += 1;
-        format!("{}-{}", self.holder, self.request_seq)
+        format!("{}-{}", self.spec.holder, self.request_seq)
     }
 
-    async fn run(mut self) {
+    /// Runs until the stop signal, then hands back its lease.
+    pub async fn run(mut self) {
         while !self.stopping() {
             match self.held.clone() {
                 Some(held) => self.while_holding(held).await,
@@ -412,7 +574,8 @@ impl Task {
             self.replay().await;
             return;
         }
-        let resource = self.resources[self.rng.random_range(0..self.resources.len())].clone();
+        let resources = &self.set.workload.resources;
+        let resource = resources[self.rng.random_range(0..resources.len())].clone();
         if roll < 0.20 {
             self.perform(Call::Get { resource }, None, None).await;
             return;
@@ -441,7 +604,7 @@ impl Task {
                     deadline_ns: safe_deadline_ns,
                     // A replayed grant (no window) is renewed at once to learn a deadline.
                     renew_at_ns: if safe_deadline_ns > record.complete_ns.unwrap_or(0) {
-                        record.invoke_ns + self.ttl_ms * 1_000_000 / 3
+                        record.invoke_ns + self.set.workload.ttl_ms * 1_000_000 / 3
                     } else {
                         0
                     },
@@ -452,7 +615,7 @@ impl Task {
     }
 
     async fn while_holding(&mut self, held: Held) {
-        let now = mono_now_ns();
+        let now = self.set.clock.now_ns();
         if now >= held.renew_at_ns {
             let request_id = self.new_request_id();
             let record = self
@@ -471,7 +634,7 @@ impl Task {
                 } => Some(Held {
                     deadline_ns: held.deadline_ns.max(safe_deadline_ns),
                     renew_at_ns: if safe_deadline_ns > record.complete_ns.unwrap_or(0) {
-                        record.invoke_ns + self.ttl_ms * 1_000_000 / 3
+                        record.invoke_ns + self.set.workload.ttl_ms * 1_000_000 / 3
                     } else {
                         0
                     },
@@ -516,27 +679,27 @@ impl Task {
 
     /// Checks the deadline, "works", then writes: a pause in between makes a late write.
     async fn fenced_write(&mut self, held: &Held) {
-        let checked_ns = mono_now_ns();
+        let checked_ns = self.set.clock.now_ns();
         if checked_ns >= held.deadline_ns {
             return;
         }
         self.pause(10, 60).await;
         let request = FencedWrite {
-            client: self.name.clone(),
-            holder: self.holder.clone(),
+            client: self.spec.name.clone(),
+            holder: self.spec.holder.clone(),
             resource: held.resource.clone(),
             token: held.token,
             checked_ns,
             deadline_ns: held.deadline_ns,
         };
-        match self.store.write(&request).await {
+        match self.fence.write(&request, &self.set.clock).await {
             Ok(reply) if !reply.accepted => {
                 // Fenced off: a newer holder wrote. Stop acting as the holder.
-                self.rejected.fetch_add(1, Ordering::Relaxed);
+                self.set.rejected.fetch_add(1, Ordering::Relaxed);
                 self.held = None;
             }
             Ok(_) => {}
-            Err(error) => tracing::warn!(task = %self.name, "fenced store: {error}"),
+            Err(error) => tracing::warn!(task = %self.spec.name, "fenced store: {error}"),
         }
     }
 
@@ -556,31 +719,37 @@ impl Task {
     ) -> OpRecord {
         let resource = call.resource().to_string();
         let mut record = OpRecord {
-            id: self.id_base | self.next_id.fetch_add(1, Ordering::Relaxed),
-            client: self.name.clone(),
-            holder: self.holder.clone(),
-            group: self.groups.get(&resource).copied().unwrap_or(u32::MAX),
+            id: self.spec.id_base | self.set.next_id.fetch_add(1, Ordering::Relaxed),
+            client: self.spec.name.clone(),
+            holder: self.spec.holder.clone(),
+            group: self
+                .set
+                .workload
+                .groups
+                .get(&resource)
+                .copied()
+                .unwrap_or(u32::MAX),
             resource,
             kind: call.kind(),
             request_id: request_id.clone(),
             lease: call.lease(),
             ttl_ms: match call.kind() {
-                OpKind::Acquire | OpKind::Renew => self.ttl_ms,
+                OpKind::Acquire | OpKind::Renew => self.set.workload.ttl_ms,
                 _ => 0,
             },
             replay_of,
-            invoke_ns: mono_now_ns(),
+            invoke_ns: self.set.clock.now_ns(),
             complete_ns: None,
             attempts: 0,
             outcome: Outcome::Unknown {
                 error: "no answer recorded".into(),
             },
         };
-        let _ = self.records.send(WorkerLine::Invoke(record.clone())).await;
+        self.set.sink.send(WorkerLine::Invoke(record.clone())).await;
         let (outcome, complete_ns) = loop {
             record.attempts += 1;
             match self.attempt(&call, request_id.as_deref()).await {
-                Attempt::Definite(outcome) => break (outcome, Some(mono_now_ns())),
+                Attempt::Definite(outcome) => break (outcome, Some(self.set.clock.completed_ns())),
                 Attempt::Final(error) => break (Outcome::Unknown { error }, None),
                 Attempt::Retry(error) => {
                     // A read that failed says nothing; do not insist.
@@ -603,7 +772,7 @@ impl Task {
                 self.replayable.push((record.id, call, request_id));
             }
         }
-        let _ = self.records.send(WorkerLine::Op(record.clone())).await;
+        self.set.sink.send(WorkerLine::Op(record.clone())).await;
         record
     }
 
@@ -612,42 +781,44 @@ impl Task {
         match call {
             Call::Acquire { resource } => {
                 let mut options = AcquireOptions::new(
-                    self.tenant.clone(),
+                    self.set.workload.tenant.clone(),
                     resource.clone(),
-                    self.holder.clone(),
+                    self.spec.holder.clone(),
                     ttl,
                 );
                 if let Some(id) = request_id {
                     options = options.request_id(id);
                 }
-                match self.client.acquire_grant(options).await {
-                    Ok(grant) => Attempt::Definite(granted_outcome(&grant, &self.anchor)),
+                match self.set.client.acquire_grant(options).await {
+                    Ok(grant) => Attempt::Definite(granted_outcome(&grant, &self.set.clock)),
                     Err(error) => classify_error(&error),
                 }
             }
             Call::Renew { resource, lease } => {
                 match self
+                    .set
                     .client
                     .renew(
                         self.key(resource),
                         lease_id(*lease),
-                        self.holder.clone(),
+                        self.spec.holder.clone(),
                         ttl,
                         request_id.map(str::to_string),
                     )
                     .await
                 {
-                    Ok(grant) => Attempt::Definite(granted_outcome(&grant, &self.anchor)),
+                    Ok(grant) => Attempt::Definite(granted_outcome(&grant, &self.set.clock)),
                     Err(error) => classify_error(&error),
                 }
             }
             Call::Release { resource, lease } => {
                 match self
+                    .set
                     .client
                     .release(
                         self.key(resource),
                         lease_id(*lease),
-                        self.holder.clone(),
+                        self.spec.holder.clone(),
                         request_id.map(str::to_string),
                     )
                     .await
@@ -660,7 +831,7 @@ impl Task {
                     Err(error) => classify_error(&error),
                 }
             }
-            Call::Get { resource } => match self.client.get(&self.key(resource)).await {
+            Call::Get { resource } => match self.set.client.get(&self.key(resource)).await {
                 Ok(result) => Attempt::Definite(read_outcome(result)),
                 Err(error) => classify_error(&error),
             },
