@@ -10,7 +10,7 @@
 //!
 //! Must not depend on: the groups (it calls `Service`).
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tenure_core::ErrorCode;
@@ -24,6 +24,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tracing::{debug, warn};
 
 use crate::forward::read_frame_body;
+use crate::node::NodeShared;
 use crate::service::{RequestContext, Service};
 
 /// Requests of one stream handled at once at most; further frames wait (back-pressure).
@@ -36,9 +37,13 @@ const REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(60);
 const STREAM_PROTOCOL_ERROR: u32 = 2;
 
 /// Routes client connections to the service once the node is up.
+///
+/// It holds the node weakly: the transport holds it, and the node holds the transport, so a
+/// strong reference would keep a stopped node (its endpoint, its socket) alive forever. That
+/// matters where nodes restart inside one process (the deterministic simulation).
 #[derive(Default)]
 pub struct ClientServer {
-    service: OnceLock<(Service, Vec<u64>)>,
+    service: OnceLock<(Weak<NodeShared>, Vec<u64>)>,
 }
 
 impl std::fmt::Debug for ClientServer {
@@ -56,16 +61,22 @@ impl ClientServer {
     /// Starts serving with `service`; `members` are the node ids whose certificates mark
     /// forwarding nodes.
     pub fn set_service(&self, service: Service, members: Vec<u64>) {
-        let _ = self.service.set((service, members));
+        let _ = self.service.set((Arc::downgrade(&service.inner), members));
     }
 }
 
 impl ClientAcceptor for ClientServer {
     fn accept(&self, connection: quinn::Connection) {
-        let Some((service, members)) = self.service.get().cloned() else {
+        let Some((node, members)) = self.service.get() else {
             connection.close(3u32.into(), b"node is starting");
             return;
         };
+        let Some(inner) = node.upgrade() else {
+            connection.close(3u32.into(), b"node is stopping");
+            return;
+        };
+        let service = Service { inner };
+        let members = members.clone();
         tokio::spawn(serve_connection(service, members, connection));
     }
 }
