@@ -16,12 +16,17 @@
 //! - the `nemesis` binary: the long mode (`--runs N --duration 60s --summary-json FILE`), and
 //!   the `node` and `client` processes of a run.
 //!
+//! The deterministic simulation ([`sim`]): whole clusters of the real server code in one
+//! thread on turmoil, every fault from a seed, checked after every step and by the same
+//! checker; the `sim` binary is its long mode (`--seeds N --summary-json FILE`).
+//!
 //! This crate must never be a dependency of a shipped crate.
 
 pub mod checker;
 pub mod fencing;
 pub mod harness;
 pub mod history;
+pub mod sim;
 
 /// Root of the workspace (the directory holding the top-level `Cargo.toml`).
 pub fn workspace_root() -> std::path::PathBuf {

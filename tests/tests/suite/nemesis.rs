@@ -8,7 +8,6 @@
 use std::io::BufRead as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tenure_client::AcquireOptions;
@@ -22,13 +21,7 @@ use tenure_tests::harness::schedule::{NemesisKind, PlanShape, plan};
 use tenure_tests::harness::zombie::ZombieLine;
 use tenure_tests::history::{FencedWrite, mono_now_ns};
 
-/// One cluster at a time: the runs need both cores.
-static RUNS: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    RUNS.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::one_at_a_time;
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_nemesis"))

@@ -1,0 +1,191 @@
+//! The deterministic simulation's long mode: many seeds, one JSON summary.
+//!
+//! `cargo run --release -p tenure-tests --bin sim -- --seeds N --summary-json FILE` runs seeds
+//! `first-seed .. first-seed + N` (each a whole cluster in simulated time, see
+//! `tenure_tests::sim`) and writes `seeds`, `simulated_s`, `ops_checked` and `violations` (each
+//! a seed and what broke; empty when clean), with faults by kind and speed. `--seed S --seeds 1`
+//! replays one seed exactly. Exits 1 when any seed found a violation.
+
+// A command-line report: standard output is its interface.
+#![allow(clippy::print_stdout)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use clap::Parser;
+use serde::Serialize;
+use tenure_tests::sim::{SimOptions, SimReport, run};
+
+#[derive(Debug, Parser)]
+#[command(about = "Deterministic simulation of whole tenure clusters, many seeds")]
+struct Args {
+    /// Seeds to run.
+    #[arg(long, default_value_t = 10)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long = "seed", default_value_t = 1)]
+    first_seed: u64,
+    /// Simulated seconds of faults per seed.
+    #[arg(long, default_value_t = 20)]
+    fault_s: u64,
+    /// Where the summary goes.
+    #[arg(long)]
+    summary_json: Option<PathBuf>,
+    /// Scratch directory (certificates, data-directory identities).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Print every seed's line (default: only seeds with violations, and progress).
+    #[arg(long)]
+    verbose: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct SeedViolation {
+    seed: u64,
+    broke: Vec<String>,
+    details: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Summary {
+    seeds: u64,
+    first_seed: u64,
+    simulated_s: f64,
+    wall_s: f64,
+    simulated_s_per_wall_s: f64,
+    ops_checked: u64,
+    elections: u64,
+    states_compared: u64,
+    lost_unsynced_batches: u64,
+    late_writes: u64,
+    late_writes_rejected: u64,
+    nemeses: BTreeMap<String, u64>,
+    inconclusive: u64,
+    violations: Vec<SeedViolation>,
+}
+
+fn line(report: &SimReport, wall_s: f64) -> String {
+    let faults: Vec<String> = report
+        .faults
+        .iter()
+        .map(|(kind, count)| format!("{kind}x{count}"))
+        .collect();
+    format!(
+        "sim seed {}: {} nodes, {}: faults [{}]; {:.1} simulated s in {:.1} s; {} ops checked; \
+         {} elections; {} states compared; {} unsynced batches lost; {} late writes ({} \
+         rejected); trace {:016x}; {} violation(s)",
+        report.seed,
+        report.nodes,
+        report.profile,
+        faults.join(" "),
+        report.simulated_ms as f64 / 1_000.0,
+        wall_s,
+        report.ops_checked,
+        report.elections,
+        report.states_compared,
+        report.lost_unsynced_batches,
+        report.late_writes,
+        report.late_writes_rejected,
+        report.trace_hash,
+        report.violations.len()
+    )
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let work_dir = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&work_dir).context("creating the work directory")?;
+    let started = Instant::now();
+    let mut summary = Summary {
+        seeds: 0,
+        first_seed: args.first_seed,
+        simulated_s: 0.0,
+        wall_s: 0.0,
+        simulated_s_per_wall_s: 0.0,
+        ops_checked: 0,
+        elections: 0,
+        states_compared: 0,
+        lost_unsynced_batches: 0,
+        late_writes: 0,
+        late_writes_rejected: 0,
+        nemeses: BTreeMap::new(),
+        inconclusive: 0,
+        violations: Vec::new(),
+    };
+    let mut simulated_ms: u64 = 0;
+    for seed in args.first_seed..args.first_seed.saturating_add(args.seeds) {
+        let mut options = SimOptions::for_seed(seed);
+        options.fault_ms = args.fault_s.saturating_mul(1_000);
+        options.work_dir = work_dir.clone();
+        let seed_started = Instant::now();
+        let report = run(&options).with_context(|| format!("seed {seed}"))?;
+        let wall_s = seed_started.elapsed().as_secs_f64();
+        summary.seeds += 1;
+        simulated_ms += report.simulated_ms;
+        summary.ops_checked += report.ops_checked;
+        summary.elections += report.elections;
+        summary.states_compared += report.states_compared;
+        summary.lost_unsynced_batches += report.lost_unsynced_batches;
+        summary.late_writes += report.late_writes;
+        summary.late_writes_rejected += report.late_writes_rejected;
+        summary.inconclusive += report.inconclusive.len() as u64;
+        for (kind, count) in &report.faults {
+            *summary.nemeses.entry(kind.clone()).or_default() += count;
+        }
+        if !report.violations.is_empty() {
+            println!("{}", line(&report, wall_s));
+            for violation in &report.violations {
+                println!("  {violation}");
+            }
+            println!(
+                "  replay: cargo run --release -p tenure-tests --bin sim -- --seed {seed} --seeds 1 --verbose"
+            );
+            summary.violations.push(SeedViolation {
+                seed,
+                broke: report.violated.clone(),
+                details: report.violations.clone(),
+            });
+        } else if args.verbose {
+            println!("{}", line(&report, wall_s));
+        }
+        if summary.seeds % 100 == 0 {
+            let elapsed = started.elapsed().as_secs_f64();
+            println!(
+                "sim: {} seeds, {:.0} simulated s in {:.0} s, {} ops checked, {} seed(s) with violations",
+                summary.seeds,
+                simulated_ms as f64 / 1_000.0,
+                elapsed,
+                summary.ops_checked,
+                summary.violations.len()
+            );
+        }
+    }
+    summary.simulated_s = simulated_ms as f64 / 1_000.0;
+    summary.wall_s = started.elapsed().as_secs_f64();
+    summary.simulated_s_per_wall_s = if summary.wall_s > 0.0 {
+        summary.simulated_s / summary.wall_s
+    } else {
+        0.0
+    };
+    println!(
+        "sim summary: {} seeds, {:.1} simulated h, {:.0} wall s ({:.1} simulated s per wall s), {} ops checked, {} elections, nemeses {:?}, {} seed(s) with violations",
+        summary.seeds,
+        summary.simulated_s / 3_600.0,
+        summary.wall_s,
+        summary.simulated_s_per_wall_s,
+        summary.ops_checked,
+        summary.elections,
+        summary.nemeses,
+        summary.violations.len()
+    );
+    if let Some(path) = &args.summary_json {
+        let text = serde_json::to_string_pretty(&summary).context("encoding the summary")?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if !summary.violations.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,1161 @@
+//! The deterministic simulation: whole clusters inside one thread, reproducible from a seed.
+//!
+//! A run ([`run`]) builds a turmoil simulation with N node hosts and C client hosts. Each node
+//! host runs the real server ([`tenure_server::Node::start_with`]): real openraft, the real QUIC
+//! transport on a turmoil socket ([`net`]), and the in-memory storage on a
+//! [`tenure_storage::MemoryDisk`], which keeps only what was synced (and a random prefix of the
+//! rest) when the host crashes. Client hosts run the fault suite's workload tasks on the real
+//! `tenure-client`, recording into memory, fencing against an in-process store.
+//!
+//! What could make two runs of one seed differ goes through seeded or simulated sources:
+//! turmoil's clock (every `tokio::time` reading; the node's monotonic clock rides on it, with a
+//! per-node rate error drawn within half the contract's bound), turmoil's network randomness
+//! (latency, loss), the nodes' and clients' seeds (transport jitter, state-machine hash seeds,
+//! openraft's election timeouts through `TenureRuntime`, quinn's endpoint and connection ids),
+//! ordered maps where iteration order reaches behaviour, and one thread. The trace hash (every
+//! replica state change the probe sees, every fault, every recorded operation) shows it: the
+//! suite runs a seed twice and compares.
+//!
+//! The seeded nemesis has two streams, so faults combine: network faults (partition into
+//! halves, isolate a leader, one-way, bridge, hold, message loss) and node faults (crash and
+//! restart with lost unsynced writes, clock rate drift, holding a client's links longer than a
+//! ttl: a zombie holder whose fenced writes still land). A run draws one kind alone or all of
+//! them combined. After every step the [`probe`] checks election safety, replica state equality
+//! at equal applied indexes and monotone log time and tokens; at the end the fault suite's
+//! checker judges the history (single holder, fencing, nothing acknowledged lost, exactly-once,
+//! linearizability, liveness after heal).
+//!
+//! Must not depend on: real sockets, real processes or wall-clock time for decisions (files go
+//! to a scratch directory: certificates, data-directory identity, snapshot files).
+
+pub mod net;
+pub mod probe;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng as _, SeedableRng as _};
+use serde::{Deserialize, Serialize};
+use tenure_client::{ClientConfig, Credentials, Endpoint, ResourceKey};
+use tenure_core::NegativeControl;
+use tenure_server::clock::MonotonicClock;
+use tenure_server::config::{
+    AuthConfig, LimitsConfig, PeerConfig, StorageConfig, TestingConfig, TimingConfig, TlsConfig,
+};
+use tenure_server::fault_control::{FaultControls, FaultSettings};
+use tenure_server::{Node, NodeEnv, ServerConfig};
+use tenure_storage::{MemoryDisk, NodeStorage, StorageOptions};
+use tenure_transport::tls::KeyAlgorithm;
+use tokio::sync::watch;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::checker::{self, CheckConfig, Property, Violation};
+use crate::fencing::SharedFence;
+use crate::harness::workload::{Fence, Sink, TaskSet, TaskSpec, WorkClock, Workload};
+use crate::history::{FaultEvent, History, Nanos, OpRecord};
+use probe::{Probe, Registry};
+
+/// The port every node serves on (peers and clients).
+pub const NODE_PORT: u16 = 7401;
+/// The tenant of every resource.
+pub const TENANT: &str = "sim";
+/// One simulation step.
+const TICK: Duration = Duration::from_millis(1);
+/// Operations one run records at most.
+const OPS_MAX: usize = 1_000_000;
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SimNemesis {
+    /// Crash a node (its unsynced writes partly lost), restart it later.
+    Crash,
+    /// Cut the nodes into two halves.
+    PartitionHalves,
+    /// Cut a group's leader off from the other nodes.
+    IsolateLeader,
+    /// Drop one node's traffic to the others, not theirs to it.
+    OneWay,
+    /// Two sides that cannot talk, and one node that talks to both.
+    Bridge,
+    /// Hold every message between a node and the others, then deliver them all.
+    Hold,
+    /// Lose a share of the messages on one node's links.
+    Loss,
+    /// Change one node's monotonic clock rate (within half the contract's drift bound).
+    ClockDrift,
+    /// Hold a client's links longer than a ttl (it goes on, and writes, until its deadline).
+    HoldClient,
+    /// Jump one node's wall clock by minutes, forwards or back (no decision may read it: only
+    /// the negative control `expire-by-wall-clock` does).
+    WallClockJump,
+}
+
+impl SimNemesis {
+    /// Every kind.
+    pub const ALL: [SimNemesis; 10] = [
+        SimNemesis::Crash,
+        SimNemesis::PartitionHalves,
+        SimNemesis::IsolateLeader,
+        SimNemesis::OneWay,
+        SimNemesis::Bridge,
+        SimNemesis::Hold,
+        SimNemesis::Loss,
+        SimNemesis::ClockDrift,
+        SimNemesis::HoldClient,
+        SimNemesis::WallClockJump,
+    ];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            SimNemesis::Crash => "crash",
+            SimNemesis::PartitionHalves => "partition-halves",
+            SimNemesis::IsolateLeader => "isolate-leader",
+            SimNemesis::OneWay => "one-way",
+            SimNemesis::Bridge => "bridge",
+            SimNemesis::Hold => "hold",
+            SimNemesis::Loss => "loss",
+            SimNemesis::ClockDrift => "clock-drift",
+            SimNemesis::HoldClient => "hold-client",
+            SimNemesis::WallClockJump => "wall-clock-jump",
+        }
+    }
+
+    fn is_network(self) -> bool {
+        !matches!(
+            self,
+            SimNemesis::Crash
+                | SimNemesis::ClockDrift
+                | SimNemesis::HoldClient
+                | SimNemesis::WallClockJump
+        )
+    }
+}
+
+/// What one run simulates.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// Everything follows from it.
+    pub seed: u64,
+    /// Node hosts (3 or 5).
+    pub nodes: u64,
+    /// Raft groups.
+    pub groups: u32,
+    /// Client hosts.
+    pub client_hosts: u32,
+    /// Holder tasks per client host.
+    pub tasks_per_client: u32,
+    /// Resources (the contended keyspace).
+    pub resources: usize,
+    /// Lease ttl.
+    pub ttl_ms: u64,
+    /// Simulated time before the nemesis starts (elections, connections).
+    pub warmup_ms: u64,
+    /// Simulated time the nemesis runs.
+    pub fault_ms: u64,
+    /// After the heal: every client must progress within it.
+    pub liveness_bound_ms: u64,
+    /// After the stop signal: how long unanswered operations keep being retried.
+    pub resolve_ms: u64,
+    /// The kinds to draw from (`None`: the seed picks one alone, or all combined).
+    pub nemeses: Option<Vec<SimNemesis>>,
+    /// A guarantee broken on purpose (checks must catch it).
+    pub negative_control: NegativeControl,
+    /// A negative control outside the contract: every node's clock this many ppm fast (the
+    /// contract bounds drift at 1%; 100,000 is 10%).
+    pub out_of_bound_drift_ppm: Option<i64>,
+    /// Where scratch files go (a fresh directory per run, removed after).
+    pub work_dir: PathBuf,
+}
+
+impl SimOptions {
+    /// The defaults for `seed`: 3 nodes (5 for one seed in four), 3 groups, 2 clients of 3
+    /// tasks, 4 resources, ttl 3 s, 20 s of faults.
+    pub fn for_seed(seed: u64) -> Self {
+        SimOptions {
+            seed,
+            nodes: if seed % 4 == 3 { 5 } else { 3 },
+            groups: 3,
+            client_hosts: 2,
+            tasks_per_client: 3,
+            resources: 4,
+            ttl_ms: 3_000,
+            warmup_ms: 3_000,
+            fault_ms: 20_000,
+            liveness_bound_ms: 10_000,
+            resolve_ms: 5_000,
+            nemeses: None,
+            negative_control: NegativeControl::None,
+            out_of_bound_drift_ppm: None,
+            work_dir: std::env::temp_dir(),
+        }
+    }
+}
+
+/// What a run found.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SimReport {
+    /// The seed.
+    pub seed: u64,
+    /// Node hosts.
+    pub nodes: u64,
+    /// What the nemesis drew from.
+    pub profile: String,
+    /// Faults applied, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Simulated milliseconds.
+    pub simulated_ms: u64,
+    /// Simulation steps.
+    pub steps: u64,
+    /// Operations the checker judged.
+    pub ops_checked: u64,
+    /// Leader changes the probe saw.
+    pub elections: u64,
+    /// Replica states compared at equal applied indexes.
+    pub states_compared: u64,
+    /// Fenced writes after their writer's deadline, and how many the store rejected.
+    pub late_writes: u64,
+    /// Of the late writes, the rejected ones.
+    pub late_writes_rejected: u64,
+    /// Unsynced disk batches lost in crashes.
+    pub lost_unsynced_batches: u64,
+    /// Hash of the trace (two runs of one seed must agree).
+    pub trace_hash: u64,
+    /// Every violation, as text.
+    pub violations: Vec<String>,
+    /// The properties violated.
+    pub violated: Vec<String>,
+    /// Resources whose linearizability search ran out of steps.
+    pub inconclusive: Vec<String>,
+}
+
+/// Why a run could not be carried out (not a violation: the harness failed).
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// Scratch files.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Certificates.
+    #[error("certificates: {0}")]
+    Tls(String),
+    /// The options.
+    #[error("options: {0}")]
+    Options(String),
+}
+
+fn io(context: &str) -> impl FnOnce(std::io::Error) -> SimError + '_ {
+    move |source| SimError::Io {
+        context: context.to_string(),
+        source,
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Panics, with the thread they happened on (a simulation runs on one thread, so its panics
+/// are the ones on its thread; a task's panic would otherwise vanish with the task).
+static PANICS: Mutex<Vec<(std::thread::ThreadId, String)>> = Mutex::new(Vec::new());
+/// Panics remembered at most.
+const PANICS_MAX: usize = 10_000;
+
+fn install_panic_hook() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let mut panics = lock(&PANICS);
+            if panics.len() < PANICS_MAX {
+                panics.push((std::thread::current().id(), info.to_string()));
+            }
+            drop(panics);
+            previous(info);
+        }));
+    });
+}
+
+/// The wall clock of a node host: the simulation's epoch plus elapsed time, plus an offset the
+/// nemesis may jump (only the negative control `expire-by-wall-clock` reads it).
+#[derive(Debug, Default)]
+struct SimWallClock {
+    offset_ms: AtomicI64,
+}
+
+impl MonotonicClock for SimWallClock {
+    fn now_ms(&self) -> u64 {
+        let since = turmoil::since_epoch().unwrap_or_default();
+        let ms = i128::try_from(since.as_millis()).unwrap_or(0)
+            + i128::from(self.offset_ms.load(Ordering::Relaxed));
+        u64::try_from(ms.max(0)).unwrap_or(u64::MAX)
+    }
+}
+
+/// What node hosts share with the driver.
+#[derive(Default)]
+struct Shared {
+    registry: Mutex<Registry>,
+    incarnations: Mutex<BTreeMap<u64, u64>>,
+    host_errors: Mutex<Vec<String>>,
+}
+
+/// Certificates for the run's nodes, generated once per process (Ed25519: fixed-size
+/// signatures, so handshakes have the same sizes in every run).
+fn certificates(work_dir: &Path, nodes: u64) -> Result<(PathBuf, String), SimError> {
+    static MADE: Mutex<BTreeMap<u64, (PathBuf, String)>> = Mutex::new(BTreeMap::new());
+    let mut made = lock(&MADE);
+    if let Some(found) = made.get(&nodes) {
+        if found.0.exists() {
+            return Ok(found.clone());
+        }
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("tenure-sim-certs-")
+        .tempdir_in(work_dir)
+        .map_err(io("creating the certificate directory"))?
+        .keep();
+    let ids: Vec<u64> = (1..=nodes).collect();
+    let ips: Vec<IpAddr> = ids.iter().map(|&id| node_ip(id)).collect();
+    tenure_transport::tls::write_cluster_certificates_with(
+        &dir,
+        CLUSTER_NAME,
+        &ids,
+        &ips,
+        KeyAlgorithm::Ed25519,
+    )
+    .map_err(|e| SimError::Tls(e.to_string()))?;
+    let ca_pem = std::fs::read_to_string(dir.join(tenure_transport::tls::CA_CERT_FILE))
+        .map_err(io("reading the CA certificate"))?;
+    made.insert(nodes, (dir.clone(), ca_pem.clone()));
+    Ok((dir, ca_pem))
+}
+
+const CLUSTER_NAME: &str = "tenure-sim";
+
+/// Node `id`'s address: turmoil hands out 192.168.0.1, .2, ... in the order names are first
+/// looked up, and the run looks up `n1`, `n2`, ... first.
+fn node_ip(id: u64) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(
+        192,
+        168,
+        0,
+        u8::try_from(id).unwrap_or(u8::MAX),
+    ))
+}
+
+fn node_name(id: u64) -> String {
+    format!("n{id}")
+}
+
+fn client_name(client: u32) -> String {
+    format!("c{client}")
+}
+
+fn node_config(options: &SimOptions, id: u64, data_dir: PathBuf, certs: &Path) -> ServerConfig {
+    let peers: BTreeMap<u64, PeerConfig> = (1..=options.nodes)
+        .map(|peer| {
+            (
+                peer,
+                PeerConfig {
+                    addr: SocketAddr::new(node_ip(peer), NODE_PORT),
+                    http_addr: SocketAddr::new(node_ip(peer), NODE_PORT + 1),
+                },
+            )
+        })
+        .collect();
+    ServerConfig {
+        node_id: id,
+        cluster_name: CLUSTER_NAME.to_string(),
+        data_dir,
+        peers,
+        groups: options.groups,
+        replication_factor: u32::try_from(options.nodes).unwrap_or(3).min(3),
+        tls: TlsConfig {
+            ca_cert: certs.join(tenure_transport::tls::CA_CERT_FILE),
+            node_cert: certs.join(tenure_transport::tls::node_cert_file_name(id)),
+            node_key: certs.join(tenure_transport::tls::node_key_file_name(id)),
+        },
+        timing: TimingConfig {
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 600,
+            election_timeout_max_ms: 900,
+            snapshot_every_entries: 300,
+            ..TimingConfig::default()
+        },
+        limits: LimitsConfig::default(),
+        auth: AuthConfig {
+            insecure_dev_mode: true,
+            tokens: Vec::new(),
+        },
+        storage: StorageConfig {
+            fsync: true,
+            ..StorageConfig::default()
+        },
+        testing: TestingConfig {
+            fault_control: true,
+            negative_control: options.negative_control,
+            ..TestingConfig::default()
+        },
+    }
+}
+
+/// A fault in effect, and how to heal it.
+#[derive(Debug, Clone)]
+enum Active {
+    Crash { node: u64 },
+    Cut { pairs: Vec<(String, String)> },
+    CutOneWay { from: String, to: Vec<String> },
+    Hold { pairs: Vec<(String, String)> },
+    Loss { pairs: Vec<(String, String)> },
+    Drift { node: u64 },
+    WallJump { node: u64 },
+    HoldClient { pairs: Vec<(String, String)> },
+}
+
+/// One stream of the nemesis: a fault at a time.
+struct Stream {
+    kinds: Vec<SimNemesis>,
+    next_at_ms: u64,
+    active: Option<(u64, SimNemesis, Active)>,
+}
+
+struct Nemesis {
+    rng: SmallRng,
+    streams: Vec<Stream>,
+    nodes: u64,
+    clients: u32,
+    ttl_ms: u64,
+    base_rate_ppm: BTreeMap<u64, i64>,
+    counts: BTreeMap<String, u64>,
+    events: Vec<FaultEvent>,
+    disks: BTreeMap<u64, MemoryDisk>,
+    wall_clocks: BTreeMap<u64, Arc<SimWallClock>>,
+    /// Each node's clock rate as the nemesis wants it (a task on the node's host applies it).
+    clock_rates: BTreeMap<u64, Arc<watch::Sender<i64>>>,
+    lost_batches: u64,
+}
+
+impl Nemesis {
+    fn node_names(&self) -> Vec<String> {
+        (1..=self.nodes).map(node_name).collect()
+    }
+
+    /// Node `node`'s links to every other node.
+    fn links_of(&self, node: u64) -> Vec<(String, String)> {
+        let me = node_name(node);
+        (1..=self.nodes)
+            .filter(|&other| other != node)
+            .map(|other| (me.clone(), node_name(other)))
+            .collect()
+    }
+
+    fn pairs_between(a: &[String], b: &[String]) -> Vec<(String, String)> {
+        a.iter()
+            .flat_map(|x| b.iter().map(move |y| (x.clone(), y.clone())))
+            .collect()
+    }
+
+    fn record(&mut self, now_ms: u64, kind: SimNemesis, start: bool, detail: String) {
+        if start {
+            *self.counts.entry(kind.name().to_string()).or_default() += 1;
+        }
+        self.events.push(FaultEvent {
+            at_ns: now_ms.saturating_mul(1_000_000),
+            nemesis: kind.name().to_string(),
+            start,
+            detail,
+        });
+    }
+
+    /// Applies and heals what is due at `now_ms`.
+    fn tick(
+        &mut self,
+        now_ms: u64,
+        sim: &mut turmoil::Sim<'_>,
+        shared: &Shared,
+        probe: &mut Probe,
+    ) {
+        for index in 0..self.streams.len() {
+            let due_heal = self.streams[index]
+                .active
+                .as_ref()
+                .is_some_and(|(until, _, _)| now_ms >= *until);
+            if due_heal {
+                if let Some((_, kind, active)) = self.streams[index].active.take() {
+                    self.heal(now_ms, kind, active, sim);
+                }
+                let pause = self.rng.random_range(300..=2_000);
+                self.streams[index].next_at_ms = now_ms + pause;
+                continue;
+            }
+            if self.streams[index].active.is_none() && now_ms >= self.streams[index].next_at_ms {
+                let kinds = &self.streams[index].kinds;
+                let kind = kinds[self.rng.random_range(0..kinds.len())];
+                let hold_ms = match kind {
+                    SimNemesis::HoldClient => self.rng.random_range(self.ttl_ms..=self.ttl_ms * 2),
+                    SimNemesis::Hold => self.rng.random_range(200..=1_500),
+                    _ => self.rng.random_range(500..=4_000),
+                };
+                if let Some(active) = self.apply(now_ms, kind, sim, shared, probe) {
+                    self.streams[index].active = Some((now_ms + hold_ms, kind, active));
+                } else {
+                    self.streams[index].next_at_ms = now_ms + 200;
+                }
+            }
+        }
+    }
+
+    fn leader_of_some_group(&mut self, shared: &Shared) -> Option<u64> {
+        let registry = lock(&shared.registry);
+        let mut leaders: Vec<u64> = Vec::new();
+        for (&node, handles) in registry.iter() {
+            for handle in handles.iter().filter_map(Weak::upgrade) {
+                if handle.is_ready_leader() {
+                    leaders.push(node);
+                }
+            }
+        }
+        if leaders.is_empty() {
+            return None;
+        }
+        Some(leaders[self.rng.random_range(0..leaders.len())])
+    }
+
+    fn apply(
+        &mut self,
+        now_ms: u64,
+        kind: SimNemesis,
+        sim: &mut turmoil::Sim<'_>,
+        shared: &Shared,
+        probe: &mut Probe,
+    ) -> Option<Active> {
+        let names = self.node_names();
+        let random_node = 1 + self.rng.random_range(0..self.nodes);
+        let active = match kind {
+            SimNemesis::Crash => {
+                let node = random_node;
+                sim.crash(node_name(node));
+                lock(&shared.registry).remove(&node);
+                probe.forget(node);
+                let loss = self.disks.get(&node).map(MemoryDisk::crash);
+                let lost = loss.map_or(0, |loss| loss.lost_batches);
+                self.lost_batches += lost as u64;
+                self.record(
+                    now_ms,
+                    kind,
+                    true,
+                    format!("n{node}, {lost} unsynced batches lost"),
+                );
+                Active::Crash { node }
+            }
+            SimNemesis::PartitionHalves | SimNemesis::Bridge => {
+                let mut order = names.clone();
+                shuffle(&mut self.rng, &mut order);
+                let (left, right, detail) = if kind == SimNemesis::Bridge {
+                    let bridge = order[0].clone();
+                    let rest = &order[1..];
+                    let half = rest.len() / 2;
+                    (
+                        rest[..half].to_vec(),
+                        rest[half..].to_vec(),
+                        format!("bridge {bridge}"),
+                    )
+                } else {
+                    let half = order.len() / 2;
+                    (
+                        order[..half].to_vec(),
+                        order[half..].to_vec(),
+                        String::new(),
+                    )
+                };
+                let pairs = Self::pairs_between(&left, &right);
+                for (a, b) in &pairs {
+                    sim.partition(a.as_str(), b.as_str());
+                }
+                self.record(now_ms, kind, true, format!("{left:?} | {right:?} {detail}"));
+                Active::Cut { pairs }
+            }
+            SimNemesis::IsolateLeader => {
+                let node = self.leader_of_some_group(shared)?;
+                let pairs = self.links_of(node);
+                for (a, b) in &pairs {
+                    sim.partition(a.as_str(), b.as_str());
+                }
+                self.record(now_ms, kind, true, format!("leader n{node}"));
+                Active::Cut { pairs }
+            }
+            SimNemesis::OneWay => {
+                let node = self.leader_of_some_group(shared).unwrap_or(random_node);
+                let from = node_name(node);
+                let to: Vec<String> = names.iter().filter(|n| **n != from).cloned().collect();
+                for other in &to {
+                    sim.partition_oneway(from.as_str(), other.as_str());
+                }
+                self.record(now_ms, kind, true, format!("{from} -> others dropped"));
+                Active::CutOneWay { from, to }
+            }
+            SimNemesis::Hold => {
+                let pairs = self.links_of(random_node);
+                for (a, b) in &pairs {
+                    sim.hold(a.as_str(), b.as_str());
+                }
+                self.record(now_ms, kind, true, format!("n{random_node}'s links held"));
+                Active::Hold { pairs }
+            }
+            SimNemesis::Loss => {
+                let pairs = self.links_of(random_node);
+                let rate = self.rng.random_range(0.05..0.4);
+                for (a, b) in &pairs {
+                    sim.set_link_fail_rate(a.as_str(), b.as_str(), rate);
+                }
+                self.record(
+                    now_ms,
+                    kind,
+                    true,
+                    format!("n{random_node}'s links lose {:.0}%", rate * 100.0),
+                );
+                Active::Loss { pairs }
+            }
+            SimNemesis::ClockDrift => {
+                let node = random_node;
+                if !lock(&shared.registry).contains_key(&node) {
+                    return None;
+                }
+                let ppm = self.rng.random_range(-5_000..=5_000);
+                // Applied on the node's host (its clock reads that host's time), next step.
+                if let Some(rate) = self.clock_rates.get(&node) {
+                    rate.send_replace(ppm);
+                }
+                self.record(now_ms, kind, true, format!("n{node} at {ppm} ppm"));
+                Active::Drift { node }
+            }
+            SimNemesis::WallClockJump => {
+                let node = random_node;
+                let minutes: i64 = self.rng.random_range(1..=10);
+                let jump_ms = if self.rng.random_bool(0.5) {
+                    minutes
+                } else {
+                    -minutes
+                } * 60_000;
+                if let Some(clock) = self.wall_clocks.get(&node) {
+                    clock.offset_ms.fetch_add(jump_ms, Ordering::Relaxed);
+                }
+                self.record(
+                    now_ms,
+                    kind,
+                    true,
+                    format!("n{node}'s wall clock {jump_ms:+} ms"),
+                );
+                Active::WallJump { node }
+            }
+            SimNemesis::HoldClient => {
+                let client = 1 + self.rng.random_range(0..self.clients);
+                let me = vec![client_name(client)];
+                let pairs = Self::pairs_between(&me, &names);
+                for (a, b) in &pairs {
+                    sim.hold(a.as_str(), b.as_str());
+                }
+                self.record(now_ms, kind, true, format!("c{client}'s links held"));
+                Active::HoldClient { pairs }
+            }
+        };
+        Some(active)
+    }
+
+    fn heal(&mut self, now_ms: u64, kind: SimNemesis, active: Active, sim: &mut turmoil::Sim<'_>) {
+        let detail = match active {
+            Active::Crash { node } => {
+                sim.bounce(node_name(node));
+                format!("n{node} restarted")
+            }
+            Active::Cut { pairs } => {
+                for (a, b) in &pairs {
+                    sim.repair(a.as_str(), b.as_str());
+                }
+                String::new()
+            }
+            Active::CutOneWay { from, to } => {
+                for other in &to {
+                    sim.repair_oneway(from.as_str(), other.as_str());
+                }
+                String::new()
+            }
+            Active::Hold { pairs } | Active::HoldClient { pairs } => {
+                for (a, b) in &pairs {
+                    sim.release(a.as_str(), b.as_str());
+                }
+                String::new()
+            }
+            Active::Loss { pairs } => {
+                for (a, b) in &pairs {
+                    sim.set_link_fail_rate(a.as_str(), b.as_str(), 0.0);
+                }
+                String::new()
+            }
+            Active::Drift { node } => {
+                let base = self.base_rate_ppm.get(&node).copied().unwrap_or(0);
+                if let Some(rate) = self.clock_rates.get(&node) {
+                    rate.send_replace(base);
+                }
+                format!("n{node} back at {base} ppm")
+            }
+            Active::WallJump { node } => {
+                // Wall clocks are not set back after a jump (NTP would step them again).
+                format!("n{node}'s wall clock left as it is")
+            }
+        };
+        self.record(now_ms, kind, false, detail);
+    }
+
+    /// Heals everything still in effect.
+    fn heal_all(&mut self, now_ms: u64, sim: &mut turmoil::Sim<'_>) {
+        for index in 0..self.streams.len() {
+            if let Some((_, kind, active)) = self.streams[index].active.take() {
+                self.heal(now_ms, kind, active, sim);
+            }
+            self.streams[index].next_at_ms = u64::MAX;
+        }
+    }
+}
+
+fn shuffle<T>(rng: &mut SmallRng, items: &mut [T]) {
+    for i in (1..items.len()).rev() {
+        let j = rng.random_range(0..=i);
+        items.swap(i, j);
+    }
+}
+
+/// The nemesis profile a seed draws: one kind alone, or every kind combined.
+pub fn profile_for(seed: u64, nodes: u64) -> Vec<SimNemesis> {
+    let kinds: Vec<SimNemesis> = SimNemesis::ALL
+        .into_iter()
+        .filter(|kind| nodes >= 3 || *kind != SimNemesis::Bridge)
+        .collect();
+    let slot = usize::try_from(seed % (kinds.len() as u64 + 1)).unwrap_or(0);
+    if slot == kinds.len() {
+        kinds
+    } else {
+        vec![kinds[slot]]
+    }
+}
+
+/// Runs one simulation to the end and checks it.
+pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
+    if !(3..=9).contains(&options.nodes) || options.client_hosts == 0 || options.resources == 0 {
+        return Err(SimError::Options(
+            "3 to 9 nodes, at least one client host and one resource".into(),
+        ));
+    }
+    install_panic_hook();
+    let panics_before = lock(&PANICS).len();
+    let (certs, ca_pem) = certificates(&options.work_dir, options.nodes)?;
+    let scratch = tempfile::Builder::new()
+        .prefix(&format!("tenure-sim-{}-", options.seed))
+        .tempdir_in(&options.work_dir)
+        .map_err(io("creating the run directory"))?;
+    let kinds = options
+        .nemeses
+        .clone()
+        .unwrap_or_else(|| profile_for(options.seed, options.nodes));
+    let profile = if kinds.len() == 1 {
+        format!("alone {}", kinds[0].name())
+    } else {
+        format!(
+            "combined {}",
+            kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(",")
+        )
+    };
+
+    let mut rng = SmallRng::seed_from_u64(options.seed);
+    // openraft's random numbers (election timeouts) on this thread: from the seed.
+    tenure_storage::seed_raft_randomness(Some(rng.random()));
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(rng.random())
+        .tick_duration(TICK)
+        .simulation_duration(Duration::from_secs(24 * 3600))
+        .epoch(std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(15))
+        .udp_capacity(4_096)
+        .build();
+    // Names first: n1 = 192.168.0.1, ...
+    for id in 1..=options.nodes {
+        let ip = sim.lookup(node_name(id));
+        if ip != node_ip(id) {
+            return Err(SimError::Options(format!(
+                "turmoil gave node {id} the address {ip}, not {}",
+                node_ip(id)
+            )));
+        }
+    }
+
+    let shared = Arc::new(Shared::default());
+    let mut disks = BTreeMap::new();
+    let mut wall_clocks = BTreeMap::new();
+    let mut clock_rates = BTreeMap::new();
+    let mut base_rate_ppm = BTreeMap::new();
+    for id in 1..=options.nodes {
+        let disk = MemoryDisk::new(rng.random(), rng.random_range(100..=2_000));
+        disks.insert(id, disk.clone());
+        let rate_ppm = match options.out_of_bound_drift_ppm {
+            Some(ppm) => ppm,
+            None => rng.random_range(-5_000..=5_000),
+        };
+        base_rate_ppm.insert(id, rate_ppm);
+        let data_dir = scratch.path().join(node_name(id));
+        let mut config = node_config(options, id, data_dir.clone(), &certs);
+        config.testing.clock_rate_ppm = rate_ppm;
+        let node_seed: u64 = rng.random();
+        let wall_clock = Arc::new(SimWallClock::default());
+        wall_clocks.insert(id, wall_clock.clone());
+        let clock_rate = Arc::new(watch::Sender::new(rate_ppm));
+        clock_rates.insert(id, clock_rate.clone());
+        let shared = shared.clone();
+        sim.host(node_name(id), move || {
+            let disk = disk.clone();
+            let config = config.clone();
+            let shared = shared.clone();
+            let data_dir = data_dir.clone();
+            let wall_clock = wall_clock.clone();
+            let clock_rate = clock_rate.clone();
+            async move {
+                let incarnation = {
+                    let mut incarnations = lock(&shared.incarnations);
+                    let entry = incarnations.entry(id).or_default();
+                    *entry += 1;
+                    *entry
+                };
+                let seed = node_seed ^ incarnation.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                let result = start_node(config, data_dir, disk, seed, wall_clock).await;
+                let node = match result {
+                    Ok(node) => node,
+                    Err(error) => {
+                        lock(&shared.host_errors).push(format!("n{id}: {error}"));
+                        return Err(error);
+                    }
+                };
+                lock(&shared.registry)
+                    .insert(id, node.groups().iter().map(Arc::downgrade).collect());
+                if let Some(controls) = node.fault_controls() {
+                    tokio::spawn(follow_clock_rate(controls, clock_rate.subscribe()));
+                }
+                std::future::pending::<()>().await;
+                drop(node);
+                Ok(())
+            }
+        });
+    }
+
+    // Clients.
+    let ops: Arc<Mutex<BTreeMap<u64, OpRecord>>> = Arc::default();
+    let fence = SharedFence::default();
+    let (stop_tx, stop_rx) = watch::channel(None::<Nanos>);
+    let endpoints: Vec<Endpoint> = (1..=options.nodes)
+        .map(|id| Endpoint {
+            node_id: Some(id),
+            addr: SocketAddr::new(node_ip(id), NODE_PORT),
+        })
+        .collect();
+    let resources: Vec<String> = (0..options.resources).map(|r| format!("r{r}")).collect();
+    let mut task_names = Vec::new();
+    for client in 1..=options.client_hosts {
+        let mut config = ClientConfig::new(
+            endpoints.clone(),
+            ca_pem.clone(),
+            Credentials::InsecureDev {
+                principal_id: format!("sim-c{client}"),
+            },
+        );
+        config.call_timeout = Duration::from_millis(2_500);
+        config.attempt_timeout = Duration::from_millis(800);
+        config.seed = Some(rng.random());
+        config.client_id = Some(rng.random());
+        let endpoint_seed: u64 = rng.random();
+        let task_seed: u64 = rng.random();
+        for task in 1..=options.tasks_per_client {
+            task_names.push(format!("c{client}t{task}"));
+        }
+        let sink = Sink::Memory(ops.clone());
+        let fence = fence.clone();
+        let stop = stop_rx.clone();
+        let resources = resources.clone();
+        let tasks = options.tasks_per_client;
+        let ttl_ms = options.ttl_ms;
+        let seed = options.seed;
+        sim.client(client_name(client), async move {
+            let client_lib = connect(config, endpoint_seed).await?;
+            let mut groups = HashMap::new();
+            for resource in &resources {
+                let key = ResourceKey::new(TENANT.to_string(), resource.clone());
+                let group = client_lib.group_of(&key).await?;
+                groups.insert(resource.clone(), group);
+            }
+            let set = TaskSet {
+                client: client_lib.clone(),
+                clock: WorkClock::Simulated {
+                    tick_ns: u64::try_from(TICK.as_nanos()).unwrap_or(1_000_000),
+                },
+                sink,
+                stop,
+                workload: Arc::new(Workload {
+                    tenant: TENANT.to_string(),
+                    resources,
+                    groups: Arc::new(groups),
+                    ttl_ms,
+                }),
+                next_id: Arc::new(AtomicU64::new(1)),
+                rejected: Arc::new(AtomicU64::new(0)),
+            };
+            let mut handles = Vec::new();
+            for task in 1..=tasks {
+                let name = format!("c{client}t{task}");
+                let spec = TaskSpec {
+                    holder: format!("s{seed}-{name}"),
+                    name,
+                    seed: task_seed ^ (u64::from(task) << 32),
+                    id_base: u64::from(client) << 40,
+                };
+                handles.push(tokio::spawn(
+                    set.task(spec, Fence::Local(fence.clone())).run(),
+                ));
+            }
+            for handle in handles {
+                let _ = handle.await;
+            }
+            client_lib.close().await;
+            Ok(())
+        });
+    }
+
+    let mut nemesis = Nemesis {
+        rng: SmallRng::seed_from_u64(rng.random()),
+        streams: {
+            let network: Vec<SimNemesis> =
+                kinds.iter().copied().filter(|k| k.is_network()).collect();
+            let node: Vec<SimNemesis> = kinds.iter().copied().filter(|k| !k.is_network()).collect();
+            [network, node]
+                .into_iter()
+                .filter(|kinds| !kinds.is_empty())
+                .map(|kinds| Stream {
+                    kinds,
+                    next_at_ms: options.warmup_ms,
+                    active: None,
+                })
+                .collect()
+        },
+        nodes: options.nodes,
+        clients: options.client_hosts,
+        ttl_ms: options.ttl_ms,
+        base_rate_ppm,
+        counts: BTreeMap::new(),
+        events: Vec::new(),
+        disks,
+        wall_clocks,
+        clock_rates,
+        lost_batches: 0,
+    };
+
+    let mut probe = Probe::default();
+    let mut violations: Vec<Violation> = Vec::new();
+    let heal_at_ms = options.warmup_ms + options.fault_ms;
+    let stop_at_ms = heal_at_ms + options.liveness_bound_ms;
+    let give_up_ms = stop_at_ms + options.resolve_ms + 30_000;
+    let mut healed = false;
+    let mut stopped = false;
+    let mut step: u64 = 0;
+    let mut harness_failure: Option<String> = None;
+    loop {
+        let now_ms = u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if now_ms < heal_at_ms {
+            nemesis.tick(now_ms, &mut sim, &shared, &mut probe);
+        } else if !healed {
+            nemesis.heal_all(now_ms, &mut sim);
+            healed = true;
+        }
+        if now_ms >= stop_at_ms && !stopped {
+            let deadline = (now_ms + options.resolve_ms).saturating_mul(1_000_000);
+            let _ = stop_tx.send(Some(deadline));
+            stopped = true;
+        }
+        let finished = match sim.step() {
+            Ok(finished) => finished,
+            Err(error) => {
+                harness_failure = Some(format!("step {step}: {error}"));
+                break;
+            }
+        };
+        step += 1;
+        probe.check(step, &lock(&shared.registry));
+        if lock(&ops).len() > OPS_MAX {
+            harness_failure = Some(format!("more than {OPS_MAX} operations recorded"));
+            break;
+        }
+        if finished {
+            break;
+        }
+        if now_ms >= give_up_ms {
+            harness_failure = Some(format!(
+                "the clients did not finish {} ms after the stop signal",
+                now_ms.saturating_sub(stop_at_ms)
+            ));
+            break;
+        }
+    }
+    let simulated_ms = u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX);
+    for event in &nemesis.events {
+        probe.trace(
+            event.at_ns,
+            &format!("{} {} {}", event.nemesis, event.start, event.detail),
+        );
+    }
+    drop(sim);
+    tenure_storage::seed_raft_randomness(None);
+    if let Some(path) = std::env::var_os("TENURE_SIM_TRACE_FILE") {
+        let _ = std::fs::write(path, probe.trace_lines().join("\n"));
+    }
+
+    violations.extend(probe.violations().iter().cloned());
+    let this_thread = std::thread::current().id();
+    let panics: Vec<String> = lock(&PANICS)
+        .iter()
+        .skip(panics_before)
+        .filter(|(thread, _)| *thread == this_thread)
+        .map(|(_, message)| message.clone())
+        .collect();
+    for panic in panics {
+        violations.push(Violation {
+            property: Property::NodeCrash,
+            resource: None,
+            message: format!("a task panicked: {panic}"),
+            ops: Vec::new(),
+            writes: Vec::new(),
+        });
+    }
+    if let Some(failure) = harness_failure {
+        let errors = lock(&shared.host_errors).join("; ");
+        violations.push(Violation {
+            property: Property::Liveness,
+            resource: None,
+            message: format!("the simulation failed: {failure} {errors}"),
+            ops: Vec::new(),
+            writes: Vec::new(),
+        });
+    }
+
+    let history = History {
+        ops: lock(&ops).values().cloned().collect(),
+        writes: fence.records(),
+        faults: nemesis.events.clone(),
+    };
+    let mut trace = Xxh3::new();
+    trace.update(&probe.trace_hash().to_le_bytes());
+    if let Ok(bytes) = serde_json::to_vec(&history.ops) {
+        trace.update(&bytes);
+    }
+    let check = checker::check(&history, &CheckConfig::default());
+    violations.extend(check.violations.iter().cloned());
+    violations.extend(checker::check_liveness(
+        &history,
+        &task_names,
+        heal_at_ms.saturating_mul(1_000_000),
+        options.liveness_bound_ms.saturating_mul(1_000_000),
+    ));
+    let mut violated: Vec<String> = violations
+        .iter()
+        .map(|v| v.property.name().to_string())
+        .collect();
+    violated.sort();
+    violated.dedup();
+    Ok(SimReport {
+        seed: options.seed,
+        nodes: options.nodes,
+        profile,
+        faults: nemesis.counts.clone(),
+        simulated_ms,
+        steps: step,
+        ops_checked: check.ops_checked,
+        elections: probe.elections(),
+        states_compared: probe.compared_states,
+        late_writes: check.late_writes,
+        late_writes_rejected: check.late_writes_rejected,
+        lost_unsynced_batches: nemesis.lost_batches,
+        trace_hash: trace.digest(),
+        violations: violations.iter().map(|v| v.describe(0)).collect(),
+        violated,
+        inconclusive: check.inconclusive.clone(),
+    })
+}
+
+/// Applies the clock rates the nemesis asks for, on the node's host: the clock's new segment
+/// must start at that host's time, which only code running there reads.
+async fn follow_clock_rate(controls: Arc<FaultControls>, mut rates: watch::Receiver<i64>) {
+    while rates.changed().await.is_ok() {
+        let ppm = *rates.borrow_and_update();
+        let _ = controls.apply(&FaultSettings {
+            clock_rate_ppm: Some(ppm),
+            ..FaultSettings::default()
+        });
+    }
+}
+
+async fn start_node(
+    config: ServerConfig,
+    data_dir: PathBuf,
+    disk: MemoryDisk,
+    seed: u64,
+    wall_clock: Arc<SimWallClock>,
+) -> Result<Node, Box<dyn std::error::Error>> {
+    // Beside the node's data directory (which must hold only what the node puts there).
+    let storage = NodeStorage::open_in_memory(
+        &data_dir.with_extension("storage"),
+        disk,
+        StorageOptions {
+            fsync: true,
+            ..StorageOptions::default()
+        },
+    )?;
+    let endpoint = net::endpoint(seed, SocketAddr::from(([0, 0, 0, 0], NODE_PORT))).await?;
+    let env = NodeEnv {
+        endpoint: Some(endpoint),
+        storage: Some(storage),
+        seed: Some(seed),
+        serve_http: false,
+        lane_linger_us: Some(0),
+        wall_clock: Some(wall_clock),
+    };
+    Ok(Node::start_with(config, env).await?)
+}
+
+/// Connects (a failed attempt closes its endpoint: each gets a fresh one).
+async fn connect(
+    config: ClientConfig,
+    endpoint_seed: u64,
+) -> Result<tenure_client::Client, Box<dyn std::error::Error>> {
+    let mut last = String::new();
+    for attempt in 0..100u64 {
+        let endpoint = net::endpoint(
+            endpoint_seed.wrapping_add(attempt),
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+        )
+        .await?;
+        match tenure_client::Client::connect_on_endpoint(config.clone(), endpoint).await {
+            Ok(client) => return Ok(client),
+            Err(error) => last = error.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Err(format!("cannot connect: {last}").into())
+}

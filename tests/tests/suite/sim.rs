@@ -1,0 +1,215 @@
+//! The deterministic simulation's short mode: a fixed corpus of seeds (every nemesis alone and
+//! all combined, 3 and 5 nodes, and every seed that ever failed) plus a few random ones, each
+//! checked after every step and by the full history checker; reproducibility (one seed, two
+//! runs, one trace hash); and the negative controls, each of which must be caught.
+//!
+//! The long mode is the `sim` binary (`cargo run --release -p tenure-tests --bin sim --
+//! --seeds N --summary-json FILE`).
+
+use std::collections::BTreeSet;
+
+use tenure_core::NegativeControl;
+use tenure_tests::sim::{SimNemesis, SimOptions, SimReport, profile_for, run};
+
+use crate::one_at_a_time;
+
+/// Seeds that once found a violation or broke the harness (each stays in the corpus for good).
+/// - 10, 20, 30: a restarted node could not bind its port (a reference cycle kept the crashed
+///   node's endpoint alive).
+/// - 11: replicas diverged: a leader crashed before its own appends were synced, came back
+///   leading the same term (openraft's leader restore) and wrote different entries at indexes
+///   its followers already held. Fixed by turning leader restore off.
+const FAILED_ONCE: &[u64] = &[10, 11, 20, 30];
+
+/// Fixed seeds of the corpus: 1..=44 covers every profile slot (seed mod 11: one kind alone, or
+/// all of them combined) four times, on 3 nodes and (seeds 3 mod 4) 5 nodes; seed 43 is the
+/// combined profile on 5 nodes.
+fn corpus() -> Vec<u64> {
+    let mut seeds: BTreeSet<u64> = (1..=44).collect();
+    seeds.extend(FAILED_ONCE);
+    seeds.into_iter().collect()
+}
+
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("tenure-sim-suite-")
+        .tempdir()
+        .unwrap()
+}
+
+fn run_seed(seed: u64, work_dir: &std::path::Path) -> SimReport {
+    let mut options = SimOptions::for_seed(seed);
+    options.work_dir = work_dir.to_path_buf();
+    run(&options).unwrap_or_else(|error| panic!("sim seed {seed}: the harness failed: {error}"))
+}
+
+fn summary_line(report: &SimReport) -> String {
+    format!(
+        "sim seed {}: {} nodes, {}: faults {:?}; {:.1} simulated s; {} ops checked; {} elections; \
+         {} states compared; {} unsynced batches lost; trace {:016x}; {} violation(s)",
+        report.seed,
+        report.nodes,
+        report.profile,
+        report.faults,
+        report.simulated_ms as f64 / 1_000.0,
+        report.ops_checked,
+        report.elections,
+        report.states_compared,
+        report.lost_unsynced_batches,
+        report.trace_hash,
+        report.violations.len()
+    )
+}
+
+#[test]
+fn the_corpus_covers_every_nemesis_alone_and_combined_on_3_and_5_nodes() {
+    let mut alone = BTreeSet::new();
+    let mut combined_on = BTreeSet::new();
+    for seed in corpus() {
+        let nodes = SimOptions::for_seed(seed).nodes;
+        let kinds = profile_for(seed, nodes);
+        if kinds.len() == 1 {
+            alone.insert(kinds[0]);
+        } else {
+            assert_eq!(kinds.len(), SimNemesis::ALL.len());
+            combined_on.insert(nodes);
+        }
+    }
+    assert_eq!(alone.len(), SimNemesis::ALL.len(), "alone: {alone:?}");
+    assert_eq!(combined_on, BTreeSet::from([3, 5]));
+}
+
+#[test]
+fn simulated_seeds_find_no_violation() {
+    let _one = one_at_a_time();
+    let dir = scratch();
+    let mut seeds = corpus();
+    // A few random seeds each run (printed: a failure names its seed).
+    let random: Vec<u64> = (0..5).map(|_| rand::random::<u64>() >> 16).collect();
+    seeds.extend(&random);
+    let mut failed = Vec::new();
+    let mut simulated_ms = 0;
+    let mut ops = 0;
+    for &seed in &seeds {
+        let report = run_seed(seed, dir.path());
+        println!("{}", summary_line(&report));
+        simulated_ms += report.simulated_ms;
+        ops += report.ops_checked;
+        assert!(report.ops_checked > 0, "seed {seed} recorded no operation");
+        if !report.violations.is_empty() {
+            for violation in &report.violations {
+                println!("  {violation}");
+            }
+            println!(
+                "  replay: cargo run --release -p tenure-tests --bin sim -- --seed {seed} --seeds 1 --verbose"
+            );
+            failed.push(seed);
+        }
+    }
+    println!(
+        "sim short mode: {} seeds ({} random: {random:?}), {:.0} simulated s, {ops} ops checked, {} seed(s) with violations",
+        seeds.len(),
+        random.len(),
+        simulated_ms as f64 / 1_000.0,
+        failed.len()
+    );
+    assert!(failed.is_empty(), "sim seeds with violations: {failed:?}");
+}
+
+#[test]
+fn a_seed_replays_the_same_trace() {
+    let _one = one_at_a_time();
+    let dir = scratch();
+    // A combined run (every nemesis, crashes included), a 5-node one, and clock drift alone.
+    for seed in [10, 19, 29] {
+        let first = run_seed(seed, dir.path());
+        let second = run_seed(seed, dir.path());
+        println!(
+            "sim replay: seed {seed}: trace {:016x} and {:016x}, {} and {} ops",
+            first.trace_hash, second.trace_hash, first.ops_checked, second.ops_checked
+        );
+        assert_eq!(first.trace_hash, second.trace_hash, "seed {seed} diverged");
+        assert_eq!(first.ops_checked, second.ops_checked);
+        assert_eq!(first.faults, second.faults);
+    }
+    let other = run_seed(11, dir.path());
+    assert_ne!(other.trace_hash, run_seed(10, dir.path()).trace_hash);
+}
+
+/// A negative control: its name, the control, an out-of-bound clock drift, the nemeses that
+/// expose it, and the properties of which at least one must be violated.
+type ControlCase = (
+    &'static str,
+    NegativeControl,
+    Option<i64>,
+    Vec<SimNemesis>,
+    Vec<&'static str>,
+);
+
+#[test]
+fn each_negative_control_is_caught_in_simulation() {
+    let _one = one_at_a_time();
+    use SimNemesis::*;
+    let dir = scratch();
+    // (name, control, out-of-bound drift, nemeses, properties of which one must be violated)
+    let cases: Vec<ControlCase> = vec![
+        (
+            "skip-expiry-check",
+            NegativeControl::SkipExpiryCheck,
+            None,
+            vec![ClockDrift],
+            vec!["single-holder", "linearizable"],
+        ),
+        (
+            "disable-deduplication",
+            NegativeControl::DisableDeduplication,
+            None,
+            vec![ClockDrift],
+            vec!["exactly-once"],
+        ),
+        (
+            "reset-tokens-on-new-leader",
+            NegativeControl::ResetTokensOnNewLeader,
+            None,
+            vec![Crash, IsolateLeader],
+            vec!["fencing"],
+        ),
+        (
+            "expire-by-wall-clock",
+            NegativeControl::ExpireByWallClock,
+            None,
+            vec![WallClockJump],
+            vec!["single-holder", "linearizable", "fencing"],
+        ),
+        (
+            "out-of-bound-drift",
+            NegativeControl::None,
+            Some(100_000),
+            vec![HoldClient],
+            vec!["single-holder", "linearizable"],
+        ),
+    ];
+    let mut missed = Vec::new();
+    for (name, control, drift, nemeses, expected) in cases {
+        let mut options = SimOptions::for_seed(7);
+        options.work_dir = dir.path().to_path_buf();
+        options.negative_control = control;
+        options.out_of_bound_drift_ppm = drift;
+        options.nemeses = Some(nemeses);
+        let report = run(&options).unwrap();
+        println!(
+            "negative control {name} (sim): {} violation(s) of {:?} in {} ops",
+            report.violations.len(),
+            report.violated,
+            report.ops_checked
+        );
+        if !report
+            .violated
+            .iter()
+            .any(|property| expected.contains(&property.as_str()))
+        {
+            missed.push((name, report.violated.join(",")));
+        }
+    }
+    assert!(missed.is_empty(), "negative controls missed: {missed:?}");
+}
