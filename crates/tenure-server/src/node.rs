@@ -257,10 +257,7 @@ impl Node {
             .then(|| Arc::new(FaultInjector::new(transport_config.seed)));
         let endpoint = match env.endpoint {
             Some(endpoint) => endpoint,
-            // Bound without a server configuration: the transport installs it.
-            None => quinn::Endpoint::client(own.addr).map_err(|e| {
-                ServerError::io(format!("binding the peer endpoint {}", own.addr), e)
-            })?,
+            None => tenure_transport::bind_endpoint(own.addr, &tls)?,
         };
         let transport = Transport::start_on_endpoint(
             endpoint,

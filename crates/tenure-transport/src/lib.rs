@@ -49,5 +49,5 @@ pub use network::{GroupNetworkFactory, PeerRaftClient};
 pub use registry::{ClientAcceptor, GroupRaft, GroupRegistry, GroupTable};
 pub use stats::{TransportStats, TransportStatsSnapshot};
 pub use transport::{
-    CLOSE_DUPLICATE, CLOSE_PROTOCOL_ERROR, CLOSE_REFUSED, CLOSE_SHUTDOWN, Transport,
+    CLOSE_DUPLICATE, CLOSE_PROTOCOL_ERROR, CLOSE_REFUSED, CLOSE_SHUTDOWN, Transport, bind_endpoint,
 };

@@ -293,6 +293,17 @@ fn quinn_transport_config(config: &TransportConfig) -> Arc<quinn::TransportConfi
     Arc::new(transport)
 }
 
+/// Binds a node's QUIC endpoint at `addr`, without a server configuration (the transport
+/// installs it), its stateless resets keyed by [`NodeTls::stateless_reset_key`] (stable across
+/// restarts).
+pub fn bind_endpoint(addr: SocketAddr, tls: &NodeTls) -> Result<quinn::Endpoint, TransportError> {
+    let bind_error =
+        |e: std::io::Error| TransportError::io(format!("binding the peer endpoint {addr}"), e);
+    let socket = std::net::UdpSocket::bind(addr).map_err(bind_error)?;
+    let config = quinn::EndpointConfig::new(Arc::new(tls.stateless_reset_key()));
+    quinn::Endpoint::new(config, None, socket, Arc::new(quinn::TokioRuntime)).map_err(bind_error)
+}
+
 impl Transport {
     /// Binds the endpoint, starts accepting peers and dialling the configured ones.
     ///
@@ -318,13 +329,7 @@ impl Transport {
         faults: Option<Arc<FaultInjector>>,
         client_acceptor: Option<Arc<dyn ClientAcceptor>>,
     ) -> Result<Self, TransportError> {
-        // Bound without a server configuration: start_on_endpoint installs it.
-        let endpoint = quinn::Endpoint::client(config.listen_addr).map_err(|e| {
-            TransportError::io(
-                format!("binding the peer endpoint {}", config.listen_addr),
-                e,
-            )
-        })?;
+        let endpoint = bind_endpoint(config.listen_addr, tls)?;
         Self::start_on_endpoint(endpoint, config, tls, registry, faults, client_acceptor)
     }
 
