@@ -839,7 +839,7 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
                     *entry
                 };
                 let seed = node_seed ^ incarnation.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                let result = start_node(config, data_dir, disk, seed, wall_clock).await;
+                let result = start_node(config, data_dir, disk, seed, node_seed, wall_clock).await;
                 let node = match result {
                     Ok(node) => node,
                     Err(error) => {
@@ -1116,6 +1116,7 @@ async fn start_node(
     data_dir: PathBuf,
     disk: MemoryDisk,
     seed: u64,
+    reset_key_seed: u64,
     wall_clock: Arc<SimWallClock>,
 ) -> Result<Node, Box<dyn std::error::Error>> {
     // Beside the node's data directory (which must hold only what the node puts there).
@@ -1127,7 +1128,13 @@ async fn start_node(
             ..StorageOptions::default()
         },
     )?;
-    let endpoint = net::endpoint(seed, SocketAddr::from(([0, 0, 0, 0], NODE_PORT))).await?;
+    // The reset key stays across incarnations, as a real node's (derived from its key) does.
+    let endpoint = net::endpoint(
+        seed,
+        net::reset_key(reset_key_seed),
+        SocketAddr::from(([0, 0, 0, 0], NODE_PORT)),
+    )
+    .await?;
     let env = NodeEnv {
         endpoint: Some(endpoint),
         storage: Some(storage),
@@ -1146,8 +1153,10 @@ async fn connect(
 ) -> Result<tenure_client::Client, Box<dyn std::error::Error>> {
     let mut last = String::new();
     for attempt in 0..100u64 {
+        let seed = endpoint_seed.wrapping_add(attempt);
         let endpoint = net::endpoint(
-            endpoint_seed.wrapping_add(attempt),
+            seed,
+            net::reset_key(seed),
             SocketAddr::from(([0, 0, 0, 0], 0)),
         )
         .await?;

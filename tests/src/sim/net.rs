@@ -156,14 +156,18 @@ impl ConnectionIdGenerator for SeededIds {
 /// A quinn endpoint on a [`SimUdp`] bound to `addr`, every random choice from `seed`. Servers
 /// install their configuration on it afterwards (the transport does). Must run on a simulated
 /// host.
-pub async fn endpoint(seed: u64, addr: SocketAddr) -> io::Result<quinn::Endpoint> {
+///
+/// `reset_key` authenticates its stateless resets: a node's must stay the same across restarts
+/// (as `tenure_transport::bind_endpoint` keeps it), so its peers drop their connections to its
+/// previous incarnation at once.
+pub async fn endpoint(
+    seed: u64,
+    reset_key: ring::hmac::Key,
+    addr: SocketAddr,
+) -> io::Result<quinn::Endpoint> {
     let socket = SimUdp::bind(addr).await?;
     let mut rng = SmallRng::seed_from_u64(seed);
-    let key: [u8; 32] = rng.random();
-    let mut config = EndpointConfig::new(Arc::new(ring::hmac::Key::new(
-        ring::hmac::HMAC_SHA256,
-        &key,
-    )));
+    let mut config = EndpointConfig::new(Arc::new(reset_key));
     config.rng_seed(Some(rng.random()));
     let ids = Mutex::new(SmallRng::seed_from_u64(rng.random()));
     config.cid_generator(move || {
@@ -176,4 +180,10 @@ pub async fn endpoint(seed: u64, addr: SocketAddr) -> io::Result<quinn::Endpoint
         })
     });
     quinn::Endpoint::new_with_abstract_socket(config, None, socket, Arc::new(quinn::TokioRuntime))
+}
+
+/// A stateless-reset key from a seed.
+pub fn reset_key(seed: u64) -> ring::hmac::Key {
+    let key: [u8; 32] = SmallRng::seed_from_u64(seed).random();
+    ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key)
 }
