@@ -415,14 +415,31 @@ fn node_config(options: &SimOptions, id: u64, data_dir: PathBuf, certs: &Path) -
 /// A fault in effect, and how to heal it.
 #[derive(Debug, Clone)]
 enum Active {
-    Crash { node: u64 },
-    Cut { pairs: Vec<(String, String)> },
-    CutOneWay { from: String, to: Vec<String> },
-    Hold { pairs: Vec<(String, String)> },
-    Loss { pairs: Vec<(String, String)> },
-    Drift { node: u64 },
-    WallJump { node: u64 },
-    HoldClient { pairs: Vec<(String, String)> },
+    Crash {
+        node: u64,
+    },
+    Cut {
+        pairs: Vec<(String, String)>,
+    },
+    /// Each pair's first node's traffic to the second is dropped.
+    CutOneWay {
+        pairs: Vec<(String, String)>,
+    },
+    Hold {
+        pairs: Vec<(String, String)>,
+    },
+    Loss {
+        pairs: Vec<(String, String)>,
+    },
+    Drift {
+        node: u64,
+    },
+    WallJump {
+        node: u64,
+    },
+    HoldClient {
+        pairs: Vec<(String, String)>,
+    },
 }
 
 /// One stream of the nemesis: a fault at a time.
@@ -599,13 +616,12 @@ impl Nemesis {
             }
             SimNemesis::OneWay => {
                 let node = self.leader_of_some_group(shared).unwrap_or(random_node);
-                let from = node_name(node);
-                let to: Vec<String> = names.iter().filter(|n| **n != from).cloned().collect();
-                for other in &to {
-                    sim.partition_oneway(from.as_str(), other.as_str());
+                let pairs = self.links_of(node);
+                for (from, to) in &pairs {
+                    sim.partition_oneway(from.as_str(), to.as_str());
                 }
-                self.record(now_ms, kind, true, format!("{from} -> others dropped"));
-                Active::CutOneWay { from, to }
+                self.record(now_ms, kind, true, format!("n{node} -> others dropped"));
+                Active::CutOneWay { pairs }
             }
             SimNemesis::Hold => {
                 let pairs = self.links_of(random_node);
@@ -687,9 +703,9 @@ impl Nemesis {
                 }
                 String::new()
             }
-            Active::CutOneWay { from, to } => {
-                for other in &to {
-                    sim.repair_oneway(from.as_str(), other.as_str());
+            Active::CutOneWay { pairs } => {
+                for (from, to) in &pairs {
+                    sim.repair_oneway(from.as_str(), to.as_str());
                 }
                 String::new()
             }
