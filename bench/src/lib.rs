@@ -71,11 +71,11 @@ pub fn holder_id(index: u64) -> String {
 /// Group limits for benchmarking `resident` leases in one tenant.
 ///
 /// - `tenant_active_leases_max_default` and `lease_records_max` are raised well above `resident`
-///   (the defaults, 1 M and 10 M, would turn the millionth-and-first Acquire into
-///   `QUOTA_EXCEEDED`); `inactive_records_max` keeps its default of 1 M, which bounds the released
+///   (the defaults would turn the 19,533rd Acquire into `QUOTA_EXCEEDED`);
+///   `inactive_records_max` is pinned at 1 M (the old default), which bounds the released
 ///   and expired records the benchmarks leave behind (the oldest is evicted beyond it).
 /// - `dedup_retention_ms_min` is 0. The request-id table is bounded by `dedup_records_max`
-///   (default 1 M); once it is full, every new request must drop the oldest record. With the
+///   (pinned at 1 M, the old default); once it is full, every new request must drop the oldest record. With the
 ///   default 10 s minimum retention a table filled in under 10 s of log time refuses new requests
 ///   with `OVERLOADED` instead, so a benchmark would measure the refusal path. With 0 it evicts the
 ///   oldest record at its bound: the per-operation cost measured includes that eviction, which is
@@ -87,6 +87,11 @@ pub fn bench_limits(resident: usize) -> GroupLimits {
     GroupLimits {
         tenant_active_leases_max_default: room,
         lease_records_max: room.min(u64::from(u32::MAX)),
+        // The README's figures were taken with 1 M request-id and inactive records per group
+        // (the old defaults); the defaults are now sized to a node memory budget (124 k), so the
+        // benchmarks pin the old values to keep measuring the same tables.
+        dedup_records_max: 1_000_000,
+        inactive_records_max: 1_000_000,
         dedup_retention_ms_min: 0,
         ..defaults
     }
