@@ -171,6 +171,30 @@ pub struct LimitsConfig {
     pub request_timeout_ms: u64,
     /// Largest HTTP request body, in bytes. Default 65,536.
     pub http_body_bytes_max: usize,
+    /// Active leases one tenant may hold across the whole cluster (beyond: QUOTA_EXCEEDED). Each
+    /// group enforces its share, `tenure_core::tenant_group_share`: the even split over `groups`
+    /// raised by `tenant_quota_slack_percent`, at least `tenant_group_share_floor`; a tenant may
+    /// so hold up to `groups` x share (1,250,048 at the defaults). Default 1,000,000.
+    pub tenant_active_leases_max: u64,
+    /// Slack of a group's share of a tenant quota over the even split, in percent (0 to 1000);
+    /// it absorbs the unevenness of hashing a tenant's resources over the groups. Default 25.
+    pub tenant_quota_slack_percent: u32,
+    /// Smallest share of a tenant quota a group enforces, in leases (capped at the quota). Default
+    /// 512.
+    pub tenant_group_share_floor: u64,
+    /// Lease records (active plus retained inactive) per group; 0 = sized from
+    /// `node_memory_budget_bytes` (see [`ServerConfig::state_memory_plan`]). Default 0.
+    pub group_lease_records_max: u64,
+    /// Request-id records per group; 0 = sized from `node_memory_budget_bytes`. Default 0.
+    pub group_dedup_records_max: u64,
+    /// Distinct tenants per group; 0 = sized from `node_memory_budget_bytes` (at most an eighth of
+    /// a group's share, at most 16,384). Default 0.
+    pub group_tenants_max: u32,
+    /// Heap the lease state of the groups on one node may take at worst, in bytes: the node
+    /// refuses to start with limits whose worst case (groups on the busiest node x per-group
+    /// maxima x worst bytes per record) exceeds it. Default 12 GiB (12,884,901,888), half of the
+    /// 24 GiB reference machine.
+    pub node_memory_budget_bytes: u64,
 }
 
 impl Default for LimitsConfig {
@@ -186,6 +210,50 @@ impl Default for LimitsConfig {
             group_queue_ops_max: 16_384,
             request_timeout_ms: 5_000,
             http_body_bytes_max: 65_536,
+            tenant_active_leases_max: tenure_core::TENANT_ACTIVE_LEASES_MAX_DEFAULT,
+            tenant_quota_slack_percent: tenure_core::TENANT_QUOTA_SLACK_PERCENT_DEFAULT,
+            tenant_group_share_floor: tenure_core::TENANT_GROUP_SHARE_FLOOR_DEFAULT,
+            group_lease_records_max: 0,
+            group_dedup_records_max: 0,
+            group_tenants_max: 0,
+            node_memory_budget_bytes: tenure_core::NODE_STATE_BYTES_DEFAULT,
+        }
+    }
+}
+
+/// Largest `limits.tenant_quota_slack_percent`.
+pub const TENANT_QUOTA_SLACK_PERCENT_MAX: u32 = 1_000;
+
+/// The lease-state sizing of a configuration: what each group enforces and what one node may
+/// hold at worst (see [`ServerConfig::state_memory_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateMemoryPlan {
+    /// Groups hosted by the busiest member of the cluster.
+    pub hosted_groups_max: u32,
+    /// Lease records per group.
+    pub group_lease_records_max: u64,
+    /// Request-id records per group.
+    pub group_dedup_records_max: u64,
+    /// Distinct tenants per group.
+    pub group_tenants_max: u32,
+    /// A group's share of each tenant's cluster-wide active-lease quota.
+    pub tenant_group_share: u64,
+    /// Worst-case heap of one group's state at these limits, in bytes.
+    pub group_state_bytes_max: u64,
+    /// Worst-case heap of the busiest node's lease state, in bytes (at most the budget).
+    pub node_state_bytes_max: u64,
+}
+
+impl StateMemoryPlan {
+    /// The record and tenant maxima of the plan applied to `base`.
+    pub fn apply_to(&self, base: tenure_core::GroupLimits) -> tenure_core::GroupLimits {
+        tenure_core::GroupLimits {
+            tenant_active_leases_max_default: self.tenant_group_share,
+            tenants_max: self.group_tenants_max,
+            lease_records_max: self.group_lease_records_max,
+            inactive_records_max: self.group_lease_records_max,
+            dedup_records_max: self.group_dedup_records_max,
+            ..base
         }
     }
 }
@@ -586,6 +654,109 @@ impl ServerConfig {
         timing
     }
 
+    /// The most groups any member hosts (replicas are placed as `node::replicas_of` places
+    /// them: group `g`'s replicas are the `replication_factor` members from index `g mod n` of
+    /// the sorted member ids). Every member computes the same number from the same file, so
+    /// every leader installs the same group limits.
+    pub fn hosted_groups_max(&self) -> u32 {
+        let members = self.peers.len();
+        if members == 0 {
+            return 0;
+        }
+        let factor = usize::try_from(self.replication_factor)
+            .unwrap_or(members)
+            .clamp(1, members);
+        let mut hosted = vec![0u32; members];
+        for group in 0..self.groups {
+            let first = usize::try_from(group).unwrap_or(0) % members;
+            for i in 0..factor {
+                hosted[(first + i) % members] += 1;
+            }
+        }
+        hosted.into_iter().max().unwrap_or(0)
+    }
+
+    /// The lease-state sizing of this configuration. The busiest node's groups share
+    /// `node_memory_budget_bytes` evenly; in each group `group_tenants_max` left at 0 gets at
+    /// most an eighth of the group's share (and at most 16,384 tenants), and a record maximum
+    /// left at 0 gets the rest (as many request-id records as lease records, see
+    /// `tenure_core::GroupLimits::records_for_bytes`). The result must fit the budget at the
+    /// worst bytes per record (`tenure_core::LEASE_RECORD_BYTES_WORST` and its siblings), else the
+    /// error names `limits.node_memory_budget_bytes` and the sizes. Apply enforces every one of
+    /// these counts on every entry, replayed ones included, so the bound holds after a restart.
+    pub fn state_memory_plan(&self) -> Result<StateMemoryPlan, ConfigError> {
+        let l = &self.limits;
+        let hosted = self.hosted_groups_max().max(1);
+        let budget = l.node_memory_budget_bytes;
+        let group_share_bytes = budget / u64::from(hosted);
+        let tenants_max = if l.group_tenants_max != 0 {
+            l.group_tenants_max
+        } else {
+            let fit = group_share_bytes / 8 / tenure_core::TENANT_BYTES_WORST;
+            u32::try_from(fit.min(u64::from(tenure_core::GROUP_TENANTS_MAX_DEFAULT)))
+                .unwrap_or(tenure_core::GROUP_TENANTS_MAX_DEFAULT)
+                .max(1)
+        };
+        let even_split =
+            tenure_core::GroupLimits::records_for_bytes(group_share_bytes, tenants_max);
+        let auto = |explicit: u64| -> Result<u64, ConfigError> {
+            if explicit != 0 {
+                return Ok(explicit);
+            }
+            even_split.ok_or_else(|| {
+                ConfigError::invalid(
+                    "limits.node_memory_budget_bytes",
+                    format!(
+                        "{budget} bytes over {hosted} groups on the busiest node leave no room \
+                         for lease records after {tenants_max} tenants per group; raise it or \
+                         lower limits.group_tenants_max"
+                    ),
+                )
+            })
+        };
+        let group = tenure_core::GroupLimits {
+            lease_records_max: auto(l.group_lease_records_max)?,
+            dedup_records_max: auto(l.group_dedup_records_max)?,
+            tenants_max,
+            ..tenure_core::GroupLimits::default()
+        };
+        let group_bytes = group.state_bytes_max();
+        let node_bytes = group_bytes.saturating_mul(u64::from(hosted));
+        if node_bytes > budget {
+            return Err(ConfigError::invalid(
+                "limits.node_memory_budget_bytes",
+                format!(
+                    "the lease limits need up to {node_bytes} bytes on the busiest node \
+                     ({hosted} groups x {group_bytes}: {} lease records x {} + {} request-id \
+                     records x {} + {} tenants x {} bytes per group), more than the budget of \
+                     {budget}; lower limits.group_lease_records_max, \
+                     limits.group_dedup_records_max or limits.group_tenants_max (0 sizes them \
+                     from the budget), or raise the budget if the machine has the memory",
+                    group.lease_records_max,
+                    tenure_core::LEASE_RECORD_BYTES_WORST,
+                    group.dedup_records_max,
+                    tenure_core::DEDUP_RECORD_BYTES_WORST,
+                    group.tenants_max,
+                    tenure_core::TENANT_BYTES_WORST,
+                ),
+            ));
+        }
+        Ok(StateMemoryPlan {
+            hosted_groups_max: hosted,
+            group_lease_records_max: group.lease_records_max,
+            group_dedup_records_max: group.dedup_records_max,
+            group_tenants_max: group.tenants_max,
+            tenant_group_share: tenure_core::tenant_group_share(
+                l.tenant_active_leases_max,
+                self.groups,
+                l.tenant_quota_slack_percent,
+                l.tenant_group_share_floor,
+            ),
+            group_state_bytes_max: group_bytes,
+            node_state_bytes_max: node_bytes,
+        })
+    }
+
     /// Checks that the node can run with this configuration. The error names the first field
     /// found wrong.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -807,6 +978,30 @@ impl ServerConfig {
             "limits.http_body_bytes_max",
             u64::try_from(l.http_body_bytes_max).unwrap_or(u64::MAX),
         )?;
+        positive_u64(
+            "limits.tenant_active_leases_max",
+            l.tenant_active_leases_max,
+        )?;
+        if l.tenant_quota_slack_percent > TENANT_QUOTA_SLACK_PERCENT_MAX {
+            return Err(ConfigError::invalid(
+                "limits.tenant_quota_slack_percent",
+                format!(
+                    "must be within 0..={TENANT_QUOTA_SLACK_PERCENT_MAX}, got {}",
+                    l.tenant_quota_slack_percent
+                ),
+            ));
+        }
+        if l.group_lease_records_max > u64::from(u32::MAX) {
+            return Err(ConfigError::invalid(
+                "limits.group_lease_records_max",
+                format!("must be at most {}", u32::MAX),
+            ));
+        }
+        positive_u64(
+            "limits.node_memory_budget_bytes",
+            l.node_memory_budget_bytes,
+        )?;
+        self.state_memory_plan()?;
         Ok(())
     }
 
@@ -964,6 +1159,114 @@ node_key = "certs/node-1.key"
         assert_eq!(config.effective_ttl_ms_min(), 4_500);
         assert_eq!(config.timing(), GroupTiming::default());
         assert_eq!(config.own_peer().unwrap().addr.port(), 7401);
+    }
+
+    #[test]
+    #[allow(clippy::print_stdout)]
+    fn quota_default_config_sizes_the_lease_state_to_the_node_budget() {
+        // 64 groups, 3 nodes, 3 replicas: every node hosts every group.
+        let config = minimal();
+        let plan = config.state_memory_plan().unwrap();
+        println!("default plan: {plan:?}");
+        assert_eq!(plan.hosted_groups_max, 64);
+        assert_eq!(
+            plan.group_lease_records_max,
+            tenure_core::GROUP_RECORDS_MAX_DEFAULT
+        );
+        assert_eq!(
+            plan.group_dedup_records_max,
+            tenure_core::GROUP_RECORDS_MAX_DEFAULT
+        );
+        assert!(plan.node_state_bytes_max <= config.limits.node_memory_budget_bytes);
+        // The per-tenant quota holds cluster-wide, up to the documented slack.
+        assert_eq!(plan.tenant_group_share, 19_532);
+        let cluster_hold = u64::from(config.groups) * plan.tenant_group_share;
+        let quota = config.limits.tenant_active_leases_max;
+        assert!(
+            cluster_hold <= quota + quota / 4 + u64::from(config.groups),
+            "{cluster_hold}"
+        );
+        assert_eq!(
+            plan.group_tenants_max,
+            tenure_core::GROUP_TENANTS_MAX_DEFAULT
+        );
+        let limits = plan.apply_to(tenure_core::GroupLimits::default());
+        assert_eq!(limits, tenure_core::GroupLimits::default());
+        limits.validate().unwrap();
+    }
+
+    #[test]
+    fn quota_record_maxima_follow_the_busiest_node_and_explicit_values_are_checked() {
+        let mut config = minimal();
+        for id in 4..=5 {
+            config.peers.insert(
+                id,
+                PeerConfig {
+                    addr: format!("127.0.0.1:74{id:02}").parse().unwrap(),
+                    http_addr: format!("127.0.0.1:75{id:02}").parse().unwrap(),
+                },
+            );
+        }
+        config.groups = 128;
+        let plan = config.state_memory_plan().unwrap();
+        // 128 x 3 replicas over 5 nodes: 76 or 78 each (groups g mod 5 = 0, 1, 2 are one more).
+        assert_eq!(plan.hosted_groups_max, 78);
+        assert!(plan.group_lease_records_max < tenure_core::GROUP_RECORDS_MAX_DEFAULT);
+        assert!(plan.node_state_bytes_max <= config.limits.node_memory_budget_bytes);
+        assert_eq!(plan.tenant_group_share, 9_766);
+
+        config.limits.group_dedup_records_max = 50_000;
+        let plan = config.state_memory_plan().unwrap();
+        assert_eq!(plan.group_dedup_records_max, 50_000);
+        config.limits.group_lease_records_max = 1_000_000;
+        assert_eq!(invalid_field(&config), "limits.node_memory_budget_bytes");
+        config.limits.node_memory_budget_bytes = 200 << 30;
+        config.validate().unwrap();
+
+        // The most groups on 3 nodes: tenants and records shrink to fit rather than refuse.
+        let mut config = minimal();
+        config.groups = GROUPS_MAX;
+        let plan = config.state_memory_plan().unwrap();
+        assert_eq!(plan.hosted_groups_max, GROUPS_MAX);
+        assert_eq!(plan.group_tenants_max, 983);
+        assert_eq!(plan.group_lease_records_max, 1_755);
+        assert!(plan.node_state_bytes_max <= config.limits.node_memory_budget_bytes);
+    }
+
+    #[test]
+    fn hosted_groups_max_matches_replica_placement() {
+        let mut config = minimal();
+        for (members, factor, groups) in [(3, 3, 64), (5, 3, 128), (4, 2, 7), (3, 1, 10), (7, 5, 1)]
+        {
+            config.peers = (1..=members)
+                .map(|id: u64| {
+                    (
+                        id,
+                        PeerConfig {
+                            addr: format!("127.0.0.1:{}", 7400 + id).parse().unwrap(),
+                            http_addr: format!("127.0.0.1:{}", 7500 + id).parse().unwrap(),
+                        },
+                    )
+                })
+                .collect();
+            config.replication_factor = factor;
+            config.groups = groups;
+            let ids: Vec<u64> = config.peers.keys().copied().collect();
+            let busiest = ids
+                .iter()
+                .map(|id| {
+                    (0..groups)
+                        .filter(|&g| crate::node::replicas_of(g, &ids, factor).contains(id))
+                        .count()
+                })
+                .max()
+                .unwrap();
+            assert_eq!(
+                config.hosted_groups_max() as usize,
+                busiest,
+                "{members} {factor} {groups}"
+            );
+        }
     }
 
     #[test]

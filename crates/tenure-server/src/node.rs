@@ -126,14 +126,24 @@ fn clock_remaining_ttl(view: &mut LeaseView, clock_ms: u64) {
         .min(view.expires_at_ms.saturating_sub(clock_ms));
 }
 
-/// The group limits a node's configuration asks for.
-pub fn desired_limits(config: &ServerConfig) -> GroupLimits {
-    GroupLimits {
+/// The group limits a node's configuration asks for (every leader installs them through the
+/// log, so all replicas enforce them): the ttl range, the expire batch, and the sizing of
+/// [`ServerConfig::state_memory_plan`] (a group's share of each tenant's cluster-wide quota, the
+/// record maxima that fit the node memory budget). Fails, naming the budget, when the limits do
+/// not fit it: the node then refuses to start rather than replay into exhaustion later.
+///
+/// Every member must run with the same limits (the same `[limits]` and membership): the values
+/// are replicated, so replicas never disagree, but each new leader installs its own.
+pub fn desired_limits(config: &ServerConfig) -> Result<GroupLimits, ServerError> {
+    let plan = config
+        .state_memory_plan()
+        .map_err(|e| ServerError::Config(e.to_string()))?;
+    Ok(plan.apply_to(GroupLimits {
         ttl_ms_min: config.effective_ttl_ms_min(),
         ttl_ms_max: config.limits.ttl_ms_max,
         expire_batch_max: config.timing.expire_batch_max,
         ..GroupLimits::default()
-    }
+    }))
 }
 
 /// What a node takes from its surroundings besides its configuration. The defaults are the real
@@ -198,6 +208,20 @@ impl Node {
             .validate()
             .map_err(|error| ServerError::Config(error.to_string()))?;
         let node_id = config.node_id;
+        // Sized before any state is replayed: limits that do not fit the budget stop here.
+        let desired_limits = desired_limits(&config)?;
+        if let Ok(plan) = config.state_memory_plan() {
+            info!(
+                node = node_id,
+                hosted_groups_max = plan.hosted_groups_max,
+                group_lease_records_max = plan.group_lease_records_max,
+                group_dedup_records_max = plan.group_dedup_records_max,
+                tenant_group_share = plan.tenant_group_share,
+                node_state_bytes_max = plan.node_state_bytes_max,
+                budget_bytes = config.limits.node_memory_budget_bytes,
+                "lease state sized to the node memory budget"
+            );
+        }
         crate::identity::claim_data_dir(&config.data_dir, node_id, &config.cluster_name)?;
         let auth =
             Authenticator::new(&config.auth).map_err(|e| ServerError::Config(e.to_string()))?;
@@ -329,7 +353,7 @@ impl Node {
             ops_per_entry_max: config.limits.ops_per_entry_max as usize,
             proposals_inflight_max: config.limits.proposals_inflight_per_group_max as usize,
             queue_max: config.limits.group_queue_ops_max as usize,
-            desired_limits: desired_limits(&config),
+            desired_limits,
         };
         let mut groups: Vec<Option<Arc<GroupHandle>>> = Vec::with_capacity(config.groups as usize);
         let state_options = StateOptions {

@@ -143,6 +143,23 @@ fn replication_factor_above_peers_is_refused() {
 }
 
 #[test]
+fn quota_limits_over_the_node_memory_budget_are_refused() {
+    // 10 M lease records per group (the old default) over 64 groups on every node.
+    let text = format!("{VALID}\n[limits]\ngroup_lease_records_max = 10000000\n");
+    assert_refused(
+        &text,
+        &[
+            "limits.node_memory_budget_bytes",
+            "64 groups",
+            "10000000 lease records",
+        ],
+    );
+    // A budget too small for the default tenants alone.
+    let text = format!("{VALID}\n[limits]\nnode_memory_budget_bytes = 100000\n");
+    assert_refused(&text, &["limits.node_memory_budget_bytes", "no room"]);
+}
+
+#[test]
 fn bad_token_hash_is_refused() {
     let text = format!(
         "{VALID}\n[[auth.tokens]]\nsha256 = \"not-a-hash\"\nprincipal_id = \"svc\"\ntenant_id = \"acme\"\n"
