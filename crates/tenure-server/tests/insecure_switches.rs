@@ -27,7 +27,10 @@ const TENANT_HEADER: &str = "X-Tenure-Principal-Tenant";
 const TOKEN: &str = "token-of-acme";
 
 /// Every switch, as a change of a configuration.
-fn switches() -> Vec<(&'static str, fn(&mut ServerConfig))> {
+/// A change of a configuration.
+type Switch = fn(&mut ServerConfig);
+
+fn switches() -> Vec<(&'static str, Switch)> {
     vec![
         ("auth.insecure_dev_mode", |c| {
             c.auth.insecure_dev_mode = true
