@@ -84,7 +84,7 @@ async fn call_many(
                 timeout_ms: 5_000,
                 flags: RequestFlags {
                     forward: true,
-                    stale_read: false,
+                    ..RequestFlags::default()
                 },
                 principal: Some(Principal {
                     principal_id: "probe".into(),

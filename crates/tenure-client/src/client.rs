@@ -479,8 +479,8 @@ impl Client {
     ) -> Result<GetResult, ClientError> {
         let group = self.group_of(key).await?;
         let flags = RequestFlags {
-            forward: false,
             stale_read,
+            ..RequestFlags::default()
         };
         let body = RequestBody::Get { key: key.clone() };
         match self

@@ -41,11 +41,47 @@ use tenure_core::{
 
 use crate::peer::ProtoError;
 
-/// ALPN protocol identifier of the native client protocol.
-pub const CLIENT_ALPN: &[u8] = b"tenure-client/1";
+/// ALPN protocol identifier of the native client protocol: `tenure-client/` and
+/// [`CLIENT_PROTOCOL_VERSION`] (the version is negotiated by the TLS handshake, so a client and a
+/// node of different versions fail to connect instead of misreading each other's frames).
+pub const CLIENT_ALPN: &[u8] = b"tenure-client/2";
 
-/// Version of this protocol; bumped on any incompatible change of the types below.
-pub const CLIENT_PROTOCOL_VERSION: u16 = 1;
+/// ALPN prefix every version of the client protocol shares.
+pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
+
+/// Version of this protocol; bumped on any incompatible change of the types below (and of the
+/// `tenure-core` types they embed). The golden files in `tests/golden/client/` pin its bytes.
+///
+/// - 1: the first version.
+/// - 2: [`RequestFlags::principal_claimed`] (a forwarded principal that was not authenticated).
+pub const CLIENT_PROTOCOL_VERSION: u16 = 2;
+
+/// The client protocol version an ALPN identifier names: `Ok` only for this build's
+/// [`CLIENT_PROTOCOL_VERSION`]; another version is [`ProtoError::UnsupportedVersion`], an
+/// identifier of another protocol [`ProtoError::Payload`].
+pub fn check_client_alpn(alpn: &[u8]) -> Result<u16, ProtoError> {
+    let unknown = || ProtoError::Payload {
+        what: "client ALPN",
+        reason: format!(
+            "{:?} is not a tenure client protocol",
+            String::from_utf8_lossy(alpn)
+        ),
+    };
+    let version = alpn
+        .strip_prefix(CLIENT_ALPN_PREFIX)
+        .and_then(|rest| std::str::from_utf8(rest).ok())
+        .and_then(|rest| rest.parse::<u16>().ok())
+        .ok_or_else(unknown)?;
+    if version == CLIENT_PROTOCOL_VERSION {
+        Ok(version)
+    } else {
+        Err(ProtoError::UnsupportedVersion {
+            protocol: "client",
+            found: version,
+            supported: CLIENT_PROTOCOL_VERSION,
+        })
+    }
+}
 
 /// Largest frame body accepted in either direction (4 MiB).
 pub const CLIENT_FRAME_BYTES_MAX: usize = 4 << 20;
@@ -99,6 +135,12 @@ pub struct RequestFlags {
     /// For Get and List: answer from this node's replica even if it is not the leader (the
     /// answer may be stale; [`GetResult::stale`] says so).
     pub stale_read: bool,
+    /// Set by a forwarding node when the principal it names ([`Request::principal`]) was claimed
+    /// by its client without authentication (insecure development mode). A node that is not in
+    /// insecure development mode refuses such a request with `UNAUTHORIZED`, so one insecure
+    /// node cannot open the tenants of a secure cluster. Nodes ignore it from clients (they
+    /// decide themselves how a client's principal was established).
+    pub principal_claimed: bool,
 }
 
 /// Who a request acts for.

@@ -99,6 +99,16 @@ pub enum ProtoError {
         /// The limit.
         max: usize,
     },
+    /// A protocol version this build does not speak (a peer's `Hello`, a client's ALPN).
+    #[error("{protocol} version {found} is not supported (this build speaks version {supported})")]
+    UnsupportedVersion {
+        /// Which protocol: `peer` or `client`.
+        protocol: &'static str,
+        /// The version found.
+        found: u16,
+        /// The version this build speaks.
+        supported: u16,
+    },
     /// A message payload that does not decode as the expected type.
     #[error("undecodable {what} payload: {reason}")]
     Payload {
@@ -242,6 +252,22 @@ pub enum Frame {
     SnapshotOffer(Bytes),
     /// Snapshot transfer outcome (opaque payload).
     SnapshotReply(Bytes),
+}
+
+impl Hello {
+    /// `Ok` when the dialer speaks this build's [`PEER_PROTOCOL_VERSION`], else the typed
+    /// refusal ([`ProtoError::UnsupportedVersion`]).
+    pub fn check_version(&self) -> Result<(), ProtoError> {
+        if self.version == PEER_PROTOCOL_VERSION {
+            Ok(())
+        } else {
+            Err(ProtoError::UnsupportedVersion {
+                protocol: "peer",
+                found: self.version,
+                supported: PEER_PROTOCOL_VERSION,
+            })
+        }
+    }
 }
 
 /// Appends one whole frame (length prefix included) to `out`.

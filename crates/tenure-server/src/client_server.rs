@@ -221,7 +221,7 @@ async fn handle_request(
 ) -> Result<ResponseBody, WireError> {
     let Request {
         timeout_ms,
-        flags,
+        mut flags,
         principal: named,
         body,
         ..
@@ -239,22 +239,43 @@ async fn handle_request(
         }
         return Ok(ResponseBody::Authenticated(principal));
     }
+    let insecure = service.authenticator().insecure_dev_mode();
     let principal = match identity {
-        Identity::Node(node) => named.ok_or_else(|| {
-            WireError::new(
-                ErrorCode::InvalidArgument,
-                format!("a request forwarded by node {node} must name its principal"),
-            )
-        })?,
+        Identity::Node(node) => {
+            // A forwarding node is trusted to name the principal only when it authenticated
+            // that principal itself; a claim it took on trust is taken on trust here only if
+            // this node is insecure too.
+            if flags.principal_claimed && !insecure {
+                return Err(WireError::new(
+                    ErrorCode::Unauthorized,
+                    format!(
+                        "node {node} forwarded a principal its client claimed without \
+                         authentication (insecure development mode); this node requires \
+                         authentication: send a bearer token"
+                    ),
+                ));
+            }
+            named.ok_or_else(|| {
+                WireError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("a request forwarded by node {node} must name its principal"),
+                )
+            })?
+        }
         Identity::Client(bound) => {
             let bound = bound.lock().ok().and_then(|bound| bound.clone());
+            // This node decides how a client's principal was established.
+            flags.principal_claimed = false;
             match (bound, named) {
                 (Some(bound), None) => bound,
                 (Some(bound), Some(named)) => {
                     crate::auth::check_tenant(&bound, &named.tenant_id)?;
                     bound
                 }
-                (None, Some(named)) if service.authenticator().insecure_dev_mode() => named,
+                (None, Some(named)) if insecure => {
+                    flags.principal_claimed = true;
+                    named
+                }
                 (None, _) if matches!(body, RequestBody::Routing | RequestBody::Status) => {
                     Principal {
                         principal_id: String::new(),

@@ -16,6 +16,10 @@ use serde::{Deserialize, Serialize};
 use tenure_core::NegativeControl;
 use tenure_transport::GroupTiming;
 
+/// The `tenure serve` flag without which a configuration with test or insecure switches
+/// ([`ServerConfig::insecure_switches`]) is refused; with it, such a configuration still runs only
+/// on loopback addresses ([`ServerConfig::check_insecure_switches`]).
+pub const ALLOW_INSECURE_FLAG: &str = "--allow-insecure-loopback-only";
 /// Largest number of groups a cluster may have: the placement map's slot count
 /// (`tenure_core::SLOT_COUNT_DEFAULT`), since every group needs at least one slot.
 pub const GROUPS_MAX: u32 = tenure_core::SLOT_COUNT_DEFAULT;
@@ -393,7 +397,9 @@ impl ConfigError {
         }
     }
 
-    fn with_origin(self, new_origin: &str) -> Self {
+    /// The same error, naming `new_origin` (usually the file) as where the configuration came
+    /// from.
+    pub fn with_origin(self, new_origin: &str) -> Self {
         match self {
             ConfigError::Invalid { field, reason, .. } => ConfigError::Invalid {
                 origin: new_origin.to_owned(),
@@ -1080,6 +1086,88 @@ impl ServerConfig {
                 format!(
                     "must be within -{CLOCK_OFFSET_MS_BOUND}..={CLOCK_OFFSET_MS_BOUND}, got {}",
                     self.testing.clock_offset_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The switches of this configuration that weaken authentication or the node's clock, or
+    /// open fault injection: each as `(field, value)`, in a fixed order. Empty for a production
+    /// configuration.
+    ///
+    /// `auth.insecure_dev_mode` trusts claimed principals (and forwards them); `testing.*` lets a
+    /// node's clock run off true time (a leader whose clock runs fast ends leases early in real
+    /// time) or lets `/testing/faults` change it while the node runs.
+    pub fn insecure_switches(&self) -> Vec<(&'static str, String)> {
+        let mut switches = Vec::new();
+        if self.auth.insecure_dev_mode {
+            switches.push(("auth.insecure_dev_mode", "true".to_owned()));
+        }
+        if self.testing.fault_control {
+            switches.push(("testing.fault_control", "true".to_owned()));
+        }
+        if self.testing.clock_rate_ppm != 0 {
+            switches.push((
+                "testing.clock_rate_ppm",
+                self.testing.clock_rate_ppm.to_string(),
+            ));
+        }
+        if self.testing.clock_offset_ms != 0 {
+            switches.push((
+                "testing.clock_offset_ms",
+                self.testing.clock_offset_ms.to_string(),
+            ));
+        }
+        if self.testing.negative_control != NegativeControl::None {
+            switches.push((
+                "testing.negative_control",
+                self.testing.negative_control.name().to_owned(),
+            ));
+        }
+        switches
+    }
+
+    /// Whether `tenure serve` may run this configuration: a configuration with any of the
+    /// [`ServerConfig::insecure_switches`] runs only when the operator passed
+    /// [`ALLOW_INSECURE_FLAG`] (`allowed`) and every address this node binds (its QUIC endpoint,
+    /// shared by peers and clients, and its HTTP gateway) is a loopback address, so nothing off
+    /// the machine can reach a node that trusts claimed principals or lets its clock be set.
+    ///
+    /// The error names the switch, the address and the flag.
+    pub fn check_insecure_switches(&self, allowed: bool) -> Result<(), ConfigError> {
+        let switches = self.insecure_switches();
+        let Some((field, value)) = switches.first() else {
+            return Ok(());
+        };
+        let all: Vec<String> = switches
+            .iter()
+            .map(|(field, value)| format!("{field} = {value}"))
+            .collect();
+        let all = all.join(", ");
+        if let Some(own) = self.own_peer() {
+            for (name, addr) in [("addr", own.addr), ("http_addr", own.http_addr)] {
+                if !addr.ip().is_loopback() {
+                    return Err(ConfigError::invalid(
+                        *field,
+                        format!(
+                            "{value} is for tests and development only ({all}); it is refused \
+                             on a node that binds a non-loopback address (peers.{}.{name} = \
+                             {addr}), with or without {ALLOW_INSECURE_FLAG}: turn it off, or \
+                             bind every address to 127.0.0.1",
+                            self.node_id
+                        ),
+                    ));
+                }
+            }
+        }
+        if !allowed {
+            return Err(ConfigError::invalid(
+                *field,
+                format!(
+                    "{value} is for tests and development only ({all}): anyone who reaches the \
+                     node could act for any tenant or move its clock; `tenure serve` runs it \
+                     only on loopback addresses and with the flag {ALLOW_INSECURE_FLAG}"
                 ),
             ));
         }

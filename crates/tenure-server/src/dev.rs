@@ -4,7 +4,9 @@
 //! node (`DIR/node-N/tenure.toml`, data in `DIR/node-N/data`, insecure development mode on) and
 //! `DIR/dev.toml`, which records the cluster's shape. Later runs on the same directory reuse all
 //! of it, so the same cluster restarts with its data; flags that disagree with the recorded shape
-//! are refused. Each node is this executable (`tenure serve --config ...`) in its own process and
+//! are refused. Each node is this executable (`tenure serve --config ... --allow-insecure-loopback-only`:
+//! development nodes trust claimed principals, which `tenure serve` runs only with that flag and on
+//! loopback) in its own process and
 //! process group, with stdout and stderr appended to `DIR/node-N/node.log`.
 //!
 //! Once every node answers `GET /readyz` with 200 (every group has a leader), `DIR/cluster.json`
@@ -73,7 +75,8 @@ pub struct DevOptions {
     pub duration: Option<Duration>,
     /// How long every node may take to become ready.
     pub ready_timeout: Duration,
-    /// The node executable (default: this executable). It is run as `EXE serve --config FILE`.
+    /// The node executable (default: this executable). It is run as
+    /// `EXE serve --config FILE --allow-insecure-loopback-only`.
     pub executable: Option<PathBuf>,
 }
 
@@ -652,6 +655,9 @@ fn spawn_node(executable: &Path, node: &DevNode) -> Result<Running, DevError> {
         .arg("serve")
         .arg("--config")
         .arg(&node.config_path)
+        // Development nodes trust claimed principals (auth.insecure_dev_mode); `tenure serve`
+        // runs that only with this flag and only on loopback, which is all `tenure dev` binds.
+        .arg(crate::config::ALLOW_INSECURE_FLAG)
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(stderr))

@@ -148,7 +148,7 @@ impl Forwarder {
                 timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
                 flags: RequestFlags {
                     forward: false,
-                    stale_read: flags.stale_read,
+                    ..flags
                 },
                 principal: Some(principal.clone()),
                 body,

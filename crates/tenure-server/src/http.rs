@@ -299,6 +299,7 @@ impl AppState {
             flags: RequestFlags {
                 forward: true,
                 stale_read,
+                principal_claimed: caller.claimed,
             },
             timeout: caller.timeout,
         };
@@ -489,6 +490,9 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 /// Who asks and how long they wait.
 struct Caller {
     principal: Principal,
+    /// True when the principal was claimed by headers without authentication (insecure
+    /// development mode); forwarded requests say so and secure nodes refuse them.
+    claimed: bool,
     timeout: Duration,
 }
 
@@ -498,8 +502,13 @@ impl FromRequestParts<AppState> for Caller {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let backend = state.backend();
         let principal = authenticate(&parts.headers, backend)?;
+        let claimed = !parts.headers.contains_key(header::AUTHORIZATION);
         let timeout = request_timeout(&parts.headers, backend.request_timeout())?;
-        Ok(Caller { principal, timeout })
+        Ok(Caller {
+            principal,
+            claimed,
+            timeout,
+        })
     }
 }
 
@@ -1224,13 +1233,19 @@ fn fault_controls_of(state: &AppState, method: Method) -> Result<Arc<FaultContro
     })
 }
 
-async fn testing_faults(State(state): State<AppState>) -> Result<Response, ApiError> {
+// `/testing/*` answers only authenticated callers (the `Caller` extractor: a bearer token, or in
+// insecure development mode the principal headers), as every lease route does.
+async fn testing_faults(
+    State(state): State<AppState>,
+    _caller: Caller,
+) -> Result<Response, ApiError> {
     let controls = fault_controls_of(&state, Method::GET)?;
     Ok(axum::Json(controls.state()).into_response())
 }
 
 async fn set_testing_faults(
     State(state): State<AppState>,
+    _caller: Caller,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     let controls = fault_controls_of(&state, Method::POST)?;

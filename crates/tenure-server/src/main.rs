@@ -1,7 +1,9 @@
 //! `tenure`: the node binary and its tools.
 //!
 //! - `tenure serve --config FILE`: runs one node until SIGINT or SIGTERM, then hands off its
-//!   groups' leadership and exits.
+//!   groups' leadership and exits. A configuration with test or insecure switches
+//!   (`ServerConfig::insecure_switches`) is refused unless `--allow-insecure-loopback-only` is
+//!   given and every address the node binds is loopback.
 //! - `tenure dev [...]`: a local cluster of node processes (see `tenure_server::dev`).
 //! - `tenure certs`: the cluster CA and node certificates (see `tenure_server::certs`).
 //! - `tenure config-check --config FILE`: validates a configuration and prints it in full.
@@ -38,6 +40,12 @@ enum Cmd {
         /// The node's configuration file (TOML; see ops/config/tenure.example.toml).
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
+        /// Accept the configuration's test and insecure switches (auth.insecure_dev_mode,
+        /// [testing] fault_control, clock_rate_ppm, clock_offset_ms, negative_control), which are
+        /// refused without this flag. Even with it they are refused unless every address the
+        /// node binds is a loopback address. `tenure dev` passes it.
+        #[arg(long = "allow-insecure-loopback-only")]
+        allow_insecure_loopback_only: bool,
     },
     /// Run a local development cluster of node processes on 127.0.0.1 (INSECURE: principal
     /// headers are trusted without authentication).
@@ -186,7 +194,10 @@ fn init_tracing() {
 
 async fn run(command: Cmd) -> Result<(), Failure> {
     match command {
-        Cmd::Serve { config } => serve(&config).await,
+        Cmd::Serve {
+            config,
+            allow_insecure_loopback_only,
+        } => serve(&config, allow_insecure_loopback_only).await,
         Cmd::Dev(args) => run_dev(args).await,
         Cmd::Certs(args) => run_certs(args),
         Cmd::ConfigCheck { config } => config_check(&config),
@@ -202,9 +213,19 @@ fn print(text: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn serve(path: &Path) -> Result<(), Failure> {
+async fn serve(path: &Path, allow_insecure_loopback_only: bool) -> Result<(), Failure> {
     tenure_server::serve::abort_on_panic();
     let config = config::load(path).map_err(Failure::config)?;
+    config
+        .check_insecure_switches(allow_insecure_loopback_only)
+        .map_err(|error| Failure::config(error.with_origin(&path.display().to_string())))?;
+    for (field, value) in config.insecure_switches() {
+        tracing::warn!(
+            node = config.node_id,
+            "{field} = {value}: a test/development switch, allowed by {} on loopback only",
+            config::ALLOW_INSECURE_FLAG
+        );
+    }
     let node_id = config.node_id;
     match tenure_server::serve::serve_until_signalled(config).await {
         Ok(()) => Ok(()),
@@ -287,6 +308,15 @@ fn config_check(path: &Path) -> Result<(), Failure> {
         eprintln!(
             "tenure: warning: auth.insecure_dev_mode is on: principal headers are trusted without \
              authentication"
+        );
+    }
+    if let Err(error) = config.check_insecure_switches(true) {
+        eprintln!("tenure: warning: `tenure serve` will refuse this configuration: {error}");
+    } else if let Some((field, _)) = config.insecure_switches().first() {
+        eprintln!(
+            "tenure: note: {field} is a test/development switch: `tenure serve` runs this \
+             configuration only with {}",
+            config::ALLOW_INSECURE_FLAG
         );
     }
     Ok(())

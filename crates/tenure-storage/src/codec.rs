@@ -8,15 +8,38 @@
 //! state CF:  group u32 BE | tag u8 (snapshot=1)     -> pointer to the current snapshot file
 //! ```
 //!
-//! Every value is `xxh3_64(payload) u64 LE | payload`, payload in postcard. A value whose checksum
-//! does not match is reported as corruption naming the group and the key, never decoded.
+//! Every value is
+//!
+//! ```text
+//! checksum u64 LE | format_version u8 | payload (postcard)
+//! checksum = xxh3_64_with_seed(format_version | payload, CHECKSUM_SEED)
+//! ```
+//!
+//! A value whose checksum does not match is reported as corruption naming the group and the key,
+//! never decoded. A value of a format version this build does not read is refused with
+//! [`DecodeError::UnsupportedVersion`] (a data directory written by a newer build). Values
+//! written before the format version existed (`xxh3_64(payload) u64 LE | payload`, read as
+//! version 0) are still read: the seeded checksum tells the two layouts apart.
+//!
+//! The payloads' postcard encoding depends on the declaration order of every enum in them (log
+//! entries, votes, snapshot pointers); `tests/golden.rs` pins their bytes.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Bytes of checksum in front of every value.
 pub const CHECKSUM_BYTES: usize = 8;
+
+/// The value format version this build writes (and the newest it reads).
+///
+/// - 0: `xxh3_64(payload) | payload`, before versions existed (still read).
+/// - 1: `xxh3_64_with_seed(1 | payload, CHECKSUM_SEED) | 1 | payload`.
+pub const VALUE_FORMAT_VERSION: u8 = 1;
+
+/// Seed of the checksum of versioned values (`"TNRSTOR1"`), so that no versioned value passes
+/// as an unversioned one.
+pub const CHECKSUM_SEED: u64 = u64::from_le_bytes(*b"TNRSTOR1");
 
 /// Tag of the vote in the meta column family.
 pub const META_VOTE: u8 = 1;
@@ -50,11 +73,12 @@ pub fn tagged_key(group: u32, tag: u8) -> [u8; 5] {
     key
 }
 
-/// Encodes a value with its checksum.
+/// Encodes a value with its checksum and format version ([`VALUE_FORMAT_VERSION`]).
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, postcard::Error> {
-    let mut bytes = vec![0u8; CHECKSUM_BYTES];
-    let mut bytes = postcard::to_extend(value, std::mem::take(&mut bytes))?;
-    let checksum = xxh3_64(&bytes[CHECKSUM_BYTES..]);
+    let mut bytes = vec![0u8; CHECKSUM_BYTES + 1];
+    bytes[CHECKSUM_BYTES] = VALUE_FORMAT_VERSION;
+    let mut bytes = postcard::to_extend(value, bytes)?;
+    let checksum = xxh3_64_with_seed(&bytes[CHECKSUM_BYTES..], CHECKSUM_SEED);
     bytes[..CHECKSUM_BYTES].copy_from_slice(&checksum.to_le_bytes());
     Ok(bytes)
 }
@@ -76,6 +100,16 @@ pub enum DecodeError {
     /// The payload is not a valid encoding.
     #[error("undecodable payload: {0}")]
     Payload(String),
+    /// The value's format version is newer than this build reads (the data directory was
+    /// written by a newer tenure).
+    #[error(
+        "value format version {found} is not supported (this build reads versions 0 to \
+         {VALUE_FORMAT_VERSION}); was the data directory written by a newer tenure?"
+    )]
+    UnsupportedVersion {
+        /// The version found.
+        found: u8,
+    },
 }
 
 /// Verifies the checksum and decodes a value.
@@ -83,15 +117,45 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
     if bytes.len() < CHECKSUM_BYTES {
         return Err(DecodeError::Short(bytes.len()));
     }
-    let (head, payload) = bytes.split_at(CHECKSUM_BYTES);
+    let (head, rest) = bytes.split_at(CHECKSUM_BYTES);
     let mut stored = [0u8; CHECKSUM_BYTES];
     stored.copy_from_slice(head);
     let stored = u64::from_le_bytes(stored);
-    let computed = xxh3_64(payload);
-    if stored != computed {
+    let computed = xxh3_64_with_seed(rest, CHECKSUM_SEED);
+    let payload = if stored == computed {
+        let Some((&version, payload)) = rest.split_first() else {
+            return Err(DecodeError::Short(bytes.len()));
+        };
+        if version != VALUE_FORMAT_VERSION {
+            return Err(DecodeError::UnsupportedVersion { found: version });
+        }
+        payload
+    } else if stored == xxh3_64(rest) {
+        // Version 0: written before values carried a version.
+        rest
+    } else {
         return Err(DecodeError::Checksum { stored, computed });
-    }
+    };
     postcard::from_bytes(payload).map_err(|err| DecodeError::Payload(err.to_string()))
+}
+
+/// The format version of a stored value whose checksum matches (0 for the unversioned layout).
+pub fn value_format_version(bytes: &[u8]) -> Result<u8, DecodeError> {
+    if bytes.len() < CHECKSUM_BYTES {
+        return Err(DecodeError::Short(bytes.len()));
+    }
+    let (head, rest) = bytes.split_at(CHECKSUM_BYTES);
+    let mut stored = [0u8; CHECKSUM_BYTES];
+    stored.copy_from_slice(head);
+    let stored = u64::from_le_bytes(stored);
+    let computed = xxh3_64_with_seed(rest, CHECKSUM_SEED);
+    if stored == computed {
+        rest.first().copied().ok_or(DecodeError::Short(bytes.len()))
+    } else if stored == xxh3_64(rest) {
+        Ok(0)
+    } else {
+        Err(DecodeError::Checksum { stored, computed })
+    }
 }
 
 #[cfg(test)]
@@ -112,6 +176,30 @@ mod tests {
             );
         }
         assert_eq!(decode::<u64>(&bytes[..3]), Err(DecodeError::Short(3)));
+        assert_eq!(value_format_version(&bytes), Ok(VALUE_FORMAT_VERSION));
+    }
+
+    #[test]
+    fn unversioned_values_are_read_and_newer_versions_refused() {
+        let value = (42u64, "lease".to_owned());
+        // Version 0: checksum of the bare payload, no version byte.
+        let payload = postcard::to_allocvec(&value).unwrap();
+        let mut legacy = xxh3_64(&payload).to_le_bytes().to_vec();
+        legacy.extend_from_slice(&payload);
+        assert_eq!(decode::<(u64, String)>(&legacy).unwrap(), value);
+        assert_eq!(value_format_version(&legacy), Ok(0));
+
+        // A version this build does not know, with a valid checksum.
+        let mut newer = encode(&value).unwrap();
+        newer[CHECKSUM_BYTES] = VALUE_FORMAT_VERSION + 1;
+        let checksum = xxh3_64_with_seed(&newer[CHECKSUM_BYTES..], CHECKSUM_SEED);
+        newer[..CHECKSUM_BYTES].copy_from_slice(&checksum.to_le_bytes());
+        assert_eq!(
+            decode::<(u64, String)>(&newer),
+            Err(DecodeError::UnsupportedVersion {
+                found: VALUE_FORMAT_VERSION + 1
+            })
+        );
     }
 
     #[test]

@@ -442,6 +442,8 @@ impl Cluster {
             tenure_server::http::TESTING_FAULTS_PATH
         ))
         .header("content-type", "application/json")
+        // `/testing/*` needs a caller; the suite's nodes run in insecure development mode.
+        .header(tenure_server::http::PRINCIPAL_TENANT_HEADER, "nemesis")
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| HarnessError::Cluster(format!("fault request: {e}")))?;
         let exchange = async {

@@ -100,6 +100,8 @@ pub struct ClusterOptions {
     pub tokens: Vec<TestToken>,
     /// `RUST_LOG` of the nodes (None: the environment's, else `info,openraft=warn`).
     pub log_filter: Option<String>,
+    /// Changes node `id`'s configuration after the options above made it (None: no change).
+    pub configure: Option<fn(u64, &mut ServerConfig)>,
 }
 
 impl Default for ClusterOptions {
@@ -114,6 +116,7 @@ impl Default for ClusterOptions {
             insecure_dev_mode: true,
             tokens: Vec::new(),
             log_filter: None,
+            configure: None,
         }
     }
 }
@@ -206,7 +209,7 @@ pub fn node_config(
         timing.rebalance_interval_ms = interval;
     }
     let (clock_rate_ppm, clock_offset_ms) = options.clock_skew.get(&id).copied().unwrap_or((0, 0));
-    ServerConfig {
+    let mut config = ServerConfig {
         node_id: id,
         cluster_name: CLUSTER_NAME.to_string(),
         data_dir: data_dir.to_path_buf(),
@@ -241,7 +244,11 @@ pub fn node_config(
             clock_offset_ms,
             ..TestingConfig::default()
         },
+    };
+    if let Some(configure) = options.configure {
+        configure(id, &mut config);
     }
+    config
 }
 
 /// Writes `config` as TOML to `path`.
@@ -250,7 +257,8 @@ pub fn write_config(path: &Path, config: &ServerConfig) {
     std::fs::write(path, text).expect("writing a node configuration");
 }
 
-/// Spawns `tenure serve --config FILE`, appending its output to `log_path`.
+/// Spawns `tenure serve --config FILE --allow-insecure-loopback-only` (test nodes run on loopback
+/// and may use insecure development mode and clock skew), appending its output to `log_path`.
 pub fn spawn_serve(config_path: &Path, log_path: &Path) -> Child {
     spawn_serve_with(config_path, log_path, None)
 }
@@ -267,6 +275,7 @@ pub fn spawn_serve_with(config_path: &Path, log_path: &Path, log_filter: Option<
         .arg("serve")
         .arg("--config")
         .arg(config_path)
+        .arg(tenure_server::config::ALLOW_INSECURE_FLAG)
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("cloning a log handle"))
         .stderr(log);
@@ -1063,7 +1072,7 @@ impl TestClient {
 pub fn forward() -> RequestFlags {
     RequestFlags {
         forward: true,
-        stale_read: false,
+        ..RequestFlags::default()
     }
 }
 
@@ -1075,8 +1084,8 @@ pub fn no_forward() -> RequestFlags {
 /// `forward = false`, stale reads allowed.
 pub fn stale() -> RequestFlags {
     RequestFlags {
-        forward: false,
         stale_read: true,
+        ..RequestFlags::default()
     }
 }
 

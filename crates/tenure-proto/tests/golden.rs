@@ -1,0 +1,754 @@
+//! Golden bytes of every wire format this crate defines (issue 19, item 10): every request and
+//! response kind of the native client protocol, every peer frame kind and message kind, every
+//! error code and lease status. Each value below is encoded and compared byte for byte with its
+//! committed file under `tests/golden/`, and each committed file is decoded, compared with the
+//! value and re-encoded to the same bytes. Postcard encodes enums by declaration order, so
+//! reordering a variant, inserting one in the middle, or adding a field changes these bytes and
+//! fails this test: that is a wire-format change, which needs a version bump
+//! (`CLIENT_PROTOCOL_VERSION`, `PEER_PROTOCOL_VERSION`) and a deliberate re-blessing:
+//!
+//! ```text
+//! TENURE_BLESS=1 cargo test --workspace --all-features --test golden
+//! ```
+//!
+//! Must not depend on: anything but the crate's public API and `tenure-core`'s types.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+
+use bytes::{Bytes, BytesMut};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tenure_core::{
+    AcquireRequest, ErrorCode, GroupId, LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply,
+    LeaseStatus, LeaseView, ListPage, ListRequest, OverloadReason, QuotaKind, ReleaseReceipt,
+    ReleaseRequest, RenewRequest, ResourceKey,
+};
+use tenure_proto::client::{
+    CLIENT_ALPN, CLIENT_PROTOCOL_VERSION, FollowerProgress, GetResult, GroupLeader, GroupStatus,
+    LeaseResult, NodeAddress, NodeStatus, Principal, Request, RequestBody, RequestFlags,
+    RequestFrame, Response, ResponseBody, ResponseFrame, RoutingTable, WireError,
+    check_client_alpn, decode_request_frame, decode_response_frame, encode_client_frame,
+};
+use tenure_proto::peer::FRAME_LENGTH_BYTES;
+use tenure_proto::{
+    BatchMessage, Frame, Hello, HelloReply, MessageKind, PEER_PROTOCOL_VERSION, ProtoError,
+    decode_frame_body, encode_frame, encode_payload,
+};
+
+/// Compares and (with `TENURE_BLESS=1`) writes golden files under one directory.
+struct Golden {
+    dir: PathBuf,
+    bless: bool,
+    seen: BTreeSet<String>,
+    failures: Vec<String>,
+}
+
+impl Golden {
+    fn new(subdir: &str) -> Self {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(subdir);
+        let bless = std::env::var("TENURE_BLESS").is_ok_and(|v| v == "1");
+        if bless {
+            std::fs::create_dir_all(&dir).unwrap();
+        }
+        Golden {
+            dir,
+            bless,
+            seen: BTreeSet::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    /// Checks `bytes` against `NAME.hex`; returns the committed bytes (or `bytes` when blessing).
+    fn bytes(&mut self, name: &str, bytes: &[u8]) -> Vec<u8> {
+        assert!(self.seen.insert(name.to_owned()), "golden {name} twice");
+        let path = self.dir.join(format!("{name}.hex"));
+        if self.bless {
+            std::fs::write(&path, to_hex(bytes)).unwrap();
+            return bytes.to_vec();
+        }
+        let committed = match std::fs::read_to_string(&path) {
+            Ok(text) => from_hex(&text),
+            Err(error) => {
+                self.failures.push(format!(
+                    "{name}: no golden file {} ({error})",
+                    path.display()
+                ));
+                return bytes.to_vec();
+            }
+        };
+        if committed != bytes {
+            self.failures.push(format!(
+                "{name}: encoding changed\n  committed {}\n  now       {}",
+                to_hex(&committed).replace('\n', ""),
+                to_hex(bytes).replace('\n', "")
+            ));
+        }
+        committed
+    }
+
+    /// Checks a postcard value: its bytes, and that the committed bytes decode to it and encode
+    /// back to themselves.
+    fn value<T: Serialize + DeserializeOwned + PartialEq + Debug>(
+        &mut self,
+        name: &str,
+        value: &T,
+    ) {
+        let bytes = postcard::to_allocvec(value).unwrap();
+        let committed = self.bytes(name, &bytes);
+        match postcard::from_bytes::<T>(&committed) {
+            Ok(decoded) => {
+                if &decoded != value {
+                    self.failures.push(format!(
+                        "{name}: the committed bytes decode to {decoded:?}, expected {value:?}"
+                    ));
+                }
+                if postcard::to_allocvec(&decoded).unwrap() != committed {
+                    self.failures.push(format!(
+                        "{name}: decoding and re-encoding changed the bytes"
+                    ));
+                }
+            }
+            Err(error) => self.failures.push(format!(
+                "{name}: the committed bytes no longer decode: {error}"
+            )),
+        }
+    }
+
+    fn failure(&mut self, text: String) {
+        self.failures.push(text);
+    }
+
+    /// Fails on any mismatch, and on committed files no value produced (a kind that was removed
+    /// or renamed must be removed deliberately).
+    fn finish(self) {
+        let mut failures = self.failures;
+        if !self.bless {
+            let files: BTreeSet<String> = std::fs::read_dir(&self.dir)
+                .map(|entries| {
+                    entries
+                        .filter_map(|entry| entry.ok())
+                        .filter_map(|entry| {
+                            entry
+                                .file_name()
+                                .to_str()
+                                .and_then(|name| name.strip_suffix(".hex"))
+                                .map(str::to_owned)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            for orphan in files.difference(&self.seen) {
+                failures.push(format!(
+                    "{orphan}.hex in {} is checked by nothing",
+                    self.dir.display()
+                ));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} golden mismatch(es) in {}: a wire format changed. If deliberate, bump the \
+             protocol version and re-bless with `TENURE_BLESS=1 cargo test \
+             --workspace --all-features --test golden`.\n{}",
+            failures.len(),
+            self.dir.display(),
+            failures.join("\n")
+        );
+    }
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    let mut text = String::new();
+    for line in bytes.chunks(32) {
+        for byte in line {
+            text.push_str(&format!("{byte:02x}"));
+        }
+        text.push('\n');
+    }
+    text
+}
+
+fn from_hex(text: &str) -> Vec<u8> {
+    let digits: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+    digits
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures: one value of every kind, with distinct, recognisable field values.
+
+fn key() -> ResourceKey {
+    ResourceKey::new("acme", "db-primary")
+}
+
+fn lease_id() -> LeaseId {
+    LeaseId {
+        group_id: GroupId(7),
+        sequence: 0x0102_0304,
+    }
+}
+
+fn grant(created: bool) -> LeaseGrant {
+    LeaseGrant {
+        lease_id: lease_id(),
+        fencing_token: 0x0102_0304,
+        log_time_ms: 1_700_000_000_000,
+        expires_at_ms: 1_700_000_030_000,
+        ttl_ms: 30_000,
+        created,
+    }
+}
+
+fn view() -> LeaseView {
+    LeaseView {
+        key: key(),
+        lease_id: lease_id(),
+        holder_id: "worker-1".into(),
+        status: LeaseStatus::Active,
+        fencing_token: 0x0102_0304,
+        expires_at_ms: 1_700_000_030_000,
+        remaining_ttl_ms: 12_345,
+        ttl_ms: 30_000,
+        version: 3,
+    }
+}
+
+fn acquire() -> AcquireRequest {
+    AcquireRequest {
+        key: key(),
+        holder_id: "worker-1".into(),
+        ttl_ms: 30_000,
+        request_id: "req-1".into(),
+    }
+}
+
+fn renew() -> RenewRequest {
+    RenewRequest {
+        key: key(),
+        lease_id: lease_id(),
+        holder_id: "worker-1".into(),
+        ttl_ms: 60_000,
+        request_id: "req-2".into(),
+    }
+}
+
+fn release() -> ReleaseRequest {
+    ReleaseRequest {
+        key: key(),
+        lease_id: lease_id(),
+        holder_id: "worker-1".into(),
+        request_id: "req-3".into(),
+    }
+}
+
+fn node_address(node_id: u64) -> NodeAddress {
+    NodeAddress {
+        node_id,
+        client_addr: format!("10.0.0.{node_id}:7401"),
+        http_url: format!("http://10.0.0.{node_id}:7501"),
+    }
+}
+
+fn every_lease_error() -> Vec<(&'static str, LeaseError)> {
+    vec![
+        (
+            "invalid_argument",
+            LeaseError::invalid("ttl_ms", "must be at least 4500"),
+        ),
+        ("not_found", LeaseError::NotFound),
+        (
+            "already_held",
+            LeaseError::AlreadyHeld {
+                holder_id: "worker-2".into(),
+                remaining_ttl_ms: 999,
+            },
+        ),
+        (
+            "lease_expired",
+            LeaseError::LeaseExpired {
+                lease_id: lease_id(),
+            },
+        ),
+        (
+            "lease_mismatch",
+            LeaseError::LeaseMismatch {
+                lease_id: lease_id(),
+            },
+        ),
+        (
+            "quota_tenant_active_leases",
+            LeaseError::QuotaExceeded {
+                kind: QuotaKind::TenantActiveLeases,
+                limit: 1_000,
+            },
+        ),
+        (
+            "quota_group_lease_records",
+            LeaseError::QuotaExceeded {
+                kind: QuotaKind::GroupLeaseRecords,
+                limit: 2_000,
+            },
+        ),
+        (
+            "quota_group_tenants",
+            LeaseError::QuotaExceeded {
+                kind: QuotaKind::GroupTenants,
+                limit: 3_000,
+            },
+        ),
+        (
+            "overloaded_dedup_table_full",
+            LeaseError::Overloaded {
+                reason: OverloadReason::DedupTableFull,
+            },
+        ),
+    ]
+}
+
+/// Every request kind (and the shapes of principal and flags).
+fn requests() -> Vec<(&'static str, Request)> {
+    let request = |id: u64, body: RequestBody| Request {
+        id,
+        timeout_ms: 5_000,
+        flags: RequestFlags::default(),
+        principal: None,
+        body,
+    };
+    let mut forwarded = request(10, RequestBody::Acquire(acquire()));
+    forwarded.flags = RequestFlags {
+        forward: false,
+        stale_read: false,
+        principal_claimed: true,
+    };
+    forwarded.principal = Some(Principal {
+        principal_id: "svc-acme".into(),
+        tenant_id: "acme".into(),
+    });
+    let mut stale_get = request(11, RequestBody::Get { key: key() });
+    stale_get.flags = RequestFlags {
+        forward: true,
+        stale_read: true,
+        principal_claimed: false,
+    };
+    vec![
+        (
+            "authenticate",
+            request(
+                1,
+                RequestBody::Authenticate {
+                    token: "secret-token".into(),
+                },
+            ),
+        ),
+        ("routing", request(2, RequestBody::Routing)),
+        ("acquire", request(3, RequestBody::Acquire(acquire()))),
+        ("renew", request(4, RequestBody::Renew(renew()))),
+        ("release", request(5, RequestBody::Release(release()))),
+        ("get", request(6, RequestBody::Get { key: key() })),
+        (
+            "list",
+            request(
+                7,
+                RequestBody::List {
+                    group_id: 7,
+                    request: ListRequest {
+                        tenant_id: "acme".into(),
+                        page_size: 100,
+                        page_token: Some("token".into()),
+                        status: Some(LeaseStatus::Expired),
+                    },
+                },
+            ),
+        ),
+        (
+            "batch",
+            request(
+                8,
+                RequestBody::Batch {
+                    ops: vec![
+                        LeaseOp::Acquire(acquire()),
+                        LeaseOp::Renew(renew()),
+                        LeaseOp::Release(release()),
+                    ],
+                },
+            ),
+        ),
+        ("status", request(9, RequestBody::Status)),
+        ("acquire_forwarded_claimed", forwarded),
+        ("get_forward_stale", stale_get),
+    ]
+}
+
+/// Every response kind, and an error response with every optional field set.
+fn responses() -> Vec<(&'static str, Response)> {
+    let ok = |id: u64, body: ResponseBody| Response {
+        id,
+        result: Ok(body),
+    };
+    let lease = |reply: LeaseReply, replayed: bool| LeaseResult {
+        reply,
+        replayed,
+        group_id: 7,
+    };
+    let mut full_error = WireError::from_lease_error(LeaseError::AlreadyHeld {
+        holder_id: "worker-2".into(),
+        remaining_ttl_ms: 999,
+    });
+    full_error.leader_hint = Some(node_address(2));
+    full_error.placement_version = 4;
+    full_error.retry_after_ms = Some(250);
+    vec![
+        (
+            "authenticated",
+            ok(
+                1,
+                ResponseBody::Authenticated(Principal {
+                    principal_id: "svc-acme".into(),
+                    tenant_id: "acme".into(),
+                }),
+            ),
+        ),
+        (
+            "routing",
+            ok(
+                2,
+                ResponseBody::Routing(RoutingTable {
+                    placement_version: 1,
+                    slot_groups: vec![0, 1, 2, 0],
+                    groups: 3,
+                    nodes: vec![node_address(1), node_address(2)],
+                    leaders: vec![
+                        GroupLeader {
+                            group_id: 0,
+                            leader: Some(1),
+                            term: 5,
+                        },
+                        GroupLeader {
+                            group_id: 1,
+                            leader: None,
+                            term: 0,
+                        },
+                    ],
+                }),
+            ),
+        ),
+        (
+            "lease_acquired",
+            ok(
+                3,
+                ResponseBody::Lease(lease(LeaseReply::Acquired(grant(true)), false)),
+            ),
+        ),
+        (
+            "lease_renewed_replayed",
+            ok(
+                4,
+                ResponseBody::Lease(lease(LeaseReply::Renewed(grant(false)), true)),
+            ),
+        ),
+        (
+            "lease_released",
+            ok(
+                5,
+                ResponseBody::Lease(lease(
+                    LeaseReply::Released(ReleaseReceipt {
+                        lease_id: lease_id(),
+                        fencing_token: 0x0102_0304,
+                        released_at_ms: 1_700_000_010_000,
+                    }),
+                    false,
+                )),
+            ),
+        ),
+        (
+            "get",
+            ok(
+                6,
+                ResponseBody::Get(GetResult {
+                    view: Some(view()),
+                    log_time_ms: 1_700_000_017_655,
+                    stale: true,
+                    group_id: 7,
+                }),
+            ),
+        ),
+        (
+            "get_absent",
+            ok(
+                7,
+                ResponseBody::Get(GetResult {
+                    view: None,
+                    log_time_ms: 1,
+                    stale: false,
+                    group_id: 0,
+                }),
+            ),
+        ),
+        (
+            "list",
+            ok(
+                8,
+                ResponseBody::List(ListPage {
+                    leases: vec![view()],
+                    next_page_token: Some("next".into()),
+                }),
+            ),
+        ),
+        (
+            "batch",
+            ok(
+                9,
+                ResponseBody::Batch(vec![
+                    Ok(lease(LeaseReply::Acquired(grant(true)), false)),
+                    Err(WireError::from_lease_error(LeaseError::NotFound)),
+                ]),
+            ),
+        ),
+        (
+            "status",
+            ok(
+                10,
+                ResponseBody::Status(NodeStatus {
+                    node_id: 1,
+                    ready: true,
+                    shutting_down: false,
+                    placement_version: 1,
+                    groups: 3,
+                    hosted: vec![GroupStatus {
+                        group_id: 0,
+                        leader: Some(1),
+                        term: 5,
+                        is_leader: true,
+                        last_log_index: 100,
+                        committed_index: 99,
+                        applied_index: 98,
+                        followers: vec![FollowerProgress {
+                            node_id: 2,
+                            matched_index: 97,
+                        }],
+                    }],
+                }),
+            ),
+        ),
+        (
+            "error_unauthorized",
+            Response {
+                id: 11,
+                result: Err(WireError::new(ErrorCode::Unauthorized, "no token")),
+            },
+        ),
+        (
+            "error_every_field",
+            Response {
+                id: 12,
+                result: Err(full_error),
+            },
+        ),
+    ]
+}
+
+#[test]
+fn client_protocol_bytes_are_pinned() {
+    let mut golden = Golden::new("client");
+    let version = format!("tenure-client/{CLIENT_PROTOCOL_VERSION}");
+    golden.bytes("alpn", version.as_bytes());
+    if CLIENT_ALPN != version.as_bytes() {
+        golden.failure(format!(
+            "CLIENT_ALPN {:?} does not name CLIENT_PROTOCOL_VERSION {CLIENT_PROTOCOL_VERSION}",
+            String::from_utf8_lossy(CLIENT_ALPN)
+        ));
+    }
+    for (name, request) in requests() {
+        let frame = RequestFrame {
+            requests: vec![request],
+        };
+        let bytes = encode_client_frame(&frame).unwrap();
+        let committed = golden.bytes(&format!("request_{name}"), &bytes);
+        match decode_request_frame(&committed[FRAME_LENGTH_BYTES..]) {
+            Ok(decoded) if decoded == frame => {
+                if encode_client_frame(&decoded).unwrap() != committed {
+                    golden.failure(format!("request_{name}: re-encoding changed the bytes"));
+                }
+            }
+            Ok(decoded) => golden.failure(format!(
+                "request_{name}: the committed frame decodes to {decoded:?}"
+            )),
+            Err(error) => golden.failure(format!("request_{name}: no longer decodes: {error}")),
+        }
+    }
+    for (name, response) in responses() {
+        let frame = ResponseFrame {
+            responses: vec![response],
+        };
+        let bytes = encode_client_frame(&frame).unwrap();
+        let committed = golden.bytes(&format!("response_{name}"), &bytes);
+        match decode_response_frame(&committed[FRAME_LENGTH_BYTES..]) {
+            Ok(decoded) if decoded == frame => {
+                if encode_client_frame(&decoded).unwrap() != committed {
+                    golden.failure(format!("response_{name}: re-encoding changed the bytes"));
+                }
+            }
+            Ok(decoded) => golden.failure(format!(
+                "response_{name}: the committed frame decodes to {decoded:?}"
+            )),
+            Err(error) => golden.failure(format!("response_{name}: no longer decodes: {error}")),
+        }
+    }
+    for (name, error) in every_lease_error() {
+        golden.value(&format!("lease_error_{name}"), &error);
+    }
+    golden.value("error_codes_all", &ErrorCode::ALL.to_vec());
+    golden.value(
+        "lease_statuses_all",
+        &vec![
+            LeaseStatus::Active,
+            LeaseStatus::Expired,
+            LeaseStatus::Released,
+            LeaseStatus::Absent,
+        ],
+    );
+    golden.finish();
+}
+
+#[test]
+fn client_alpn_of_another_version_is_refused_with_a_typed_error() {
+    assert_eq!(check_client_alpn(CLIENT_ALPN), Ok(CLIENT_PROTOCOL_VERSION));
+    let next = format!("tenure-client/{}", CLIENT_PROTOCOL_VERSION + 1);
+    assert_eq!(
+        check_client_alpn(next.as_bytes()),
+        Err(ProtoError::UnsupportedVersion {
+            protocol: "client",
+            found: CLIENT_PROTOCOL_VERSION + 1,
+            supported: CLIENT_PROTOCOL_VERSION,
+        })
+    );
+    assert!(matches!(
+        check_client_alpn(b"tenure-peer/1"),
+        Err(ProtoError::Payload { .. })
+    ));
+}
+
+/// Every peer frame kind, and a batch holding one message of every message kind.
+fn peer_frames() -> Vec<(&'static str, Frame)> {
+    let kinds = [
+        MessageKind::AppendRequest,
+        MessageKind::AppendResponse,
+        MessageKind::StreamAppendRequest,
+        MessageKind::StreamAppendResponse,
+        MessageKind::StreamClose,
+        MessageKind::VoteRequest,
+        MessageKind::PreVoteRequest,
+        MessageKind::VoteResponse,
+        MessageKind::TransferLeaderRequest,
+        MessageKind::TransferLeaderResponse,
+        MessageKind::Failure,
+    ];
+    let messages = kinds
+        .iter()
+        .zip(1u64..)
+        .map(|(&kind, n)| BatchMessage {
+            group_id: u32::try_from(n).unwrap() * 3,
+            kind,
+            correlation_id: n * 1_000,
+            payload: Bytes::from(format!("payload-{n}")),
+        })
+        .collect();
+    vec![
+        (
+            "hello",
+            Frame::Hello(Hello {
+                version: PEER_PROTOCOL_VERSION,
+                from_node: 1,
+                to_node: 2,
+                cluster: "prod-eu".into(),
+            }),
+        ),
+        (
+            "hello_reply_accepted",
+            Frame::HelloReply(HelloReply {
+                accepted: true,
+                version: PEER_PROTOCOL_VERSION,
+                reason: String::new(),
+            }),
+        ),
+        (
+            "hello_reply_refused",
+            Frame::HelloReply(HelloReply {
+                accepted: false,
+                version: PEER_PROTOCOL_VERSION,
+                reason: "cluster \"staging\" is not \"prod-eu\"".into(),
+            }),
+        ),
+        ("batch_every_message_kind", Frame::Batch(messages)),
+        ("batch_empty", Frame::Batch(Vec::new())),
+        (
+            "snapshot_offer",
+            Frame::SnapshotOffer(encode_payload(&(7u32, "offer".to_string())).unwrap()),
+        ),
+        (
+            "snapshot_reply",
+            Frame::SnapshotReply(encode_payload(&Ok::<u64, String>(42)).unwrap()),
+        ),
+    ]
+}
+
+#[test]
+fn peer_protocol_bytes_are_pinned() {
+    let mut golden = Golden::new("peer");
+    golden.bytes("version", &PEER_PROTOCOL_VERSION.to_le_bytes());
+    for (name, frame) in peer_frames() {
+        let mut out = BytesMut::new();
+        encode_frame(&frame, &mut out);
+        let committed = golden.bytes(name, &out);
+        match decode_frame_body(Bytes::from(committed[FRAME_LENGTH_BYTES..].to_vec())) {
+            Ok(decoded) if decoded == frame => {
+                let mut again = BytesMut::new();
+                encode_frame(&decoded, &mut again);
+                if again.as_ref() != committed.as_slice() {
+                    golden.failure(format!("{name}: re-encoding changed the bytes"));
+                }
+            }
+            Ok(decoded) => golden.failure(format!(
+                "{name}: the committed frame decodes to {decoded:?}"
+            )),
+            Err(error) => golden.failure(format!("{name}: no longer decodes: {error}")),
+        }
+    }
+    golden.finish();
+}
+
+#[test]
+fn hello_of_another_version_is_refused_with_a_typed_error() {
+    let hello = Hello {
+        version: PEER_PROTOCOL_VERSION,
+        from_node: 1,
+        to_node: 2,
+        cluster: "c".into(),
+    };
+    assert_eq!(hello.check_version(), Ok(()));
+    let next = Hello {
+        version: PEER_PROTOCOL_VERSION + 1,
+        ..hello
+    };
+    assert_eq!(
+        next.check_version(),
+        Err(ProtoError::UnsupportedVersion {
+            protocol: "peer",
+            found: PEER_PROTOCOL_VERSION + 1,
+            supported: PEER_PROTOCOL_VERSION,
+        })
+    );
+    // A Hello of a later version still decodes far enough to be refused with a reason.
+    let mut out = BytesMut::new();
+    encode_frame(&Frame::Hello(next.clone()), &mut out);
+    assert_eq!(
+        decode_frame_body(out.freeze().slice(FRAME_LENGTH_BYTES..)),
+        Ok(Frame::Hello(next))
+    );
+}
