@@ -438,6 +438,10 @@ fn create(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
         config.replication_factor = replication_factor;
         config.auth.insecure_dev_mode = true;
         config.storage.fsync = fsync;
+        // Every development node runs on this one machine: together they keep to one node's
+        // default budget (half the reference machine's memory), not one budget each.
+        config.limits.node_memory_budget_bytes =
+            tenure_core::NODE_STATE_BYTES_DEFAULT / u64::from(nodes.max(1));
         config.validate()?;
         dev_nodes.push(DevNode {
             id: *id,
