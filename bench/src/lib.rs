@@ -415,6 +415,7 @@ pub fn fresh_ok(outcome: &LeaseOutcome) -> Result<&LeaseReply> {
         LeaseOutcome {
             result: Ok(reply),
             replayed: false,
+            ..
         } => Ok(reply),
         other => bail!("lease operation did not succeed freshly: {other:?}"),
     }
@@ -428,6 +429,7 @@ pub fn single_reply(output: &ApplyOutput) -> Option<&LeaseReply> {
         CommandResult::Lease(LeaseOutcome {
             result: Ok(reply),
             replayed: false,
+            ..
         }) => Some(reply),
         _ => None,
     }
