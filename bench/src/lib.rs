@@ -420,6 +420,7 @@ pub fn fresh_ok(outcome: &LeaseOutcome) -> Result<&LeaseReply> {
         LeaseOutcome {
             result: Ok(reply),
             replayed: false,
+            ..
         } => Ok(reply),
         other => bail!("lease operation did not succeed freshly: {other:?}"),
     }
@@ -433,6 +434,7 @@ pub fn single_reply(output: &ApplyOutput) -> Option<&LeaseReply> {
         CommandResult::Lease(LeaseOutcome {
             result: Ok(reply),
             replayed: false,
+            ..
         }) => Some(reply),
         _ => None,
     }

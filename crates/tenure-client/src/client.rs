@@ -20,7 +20,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use tenure_core::{
     AcquireRequest, ErrorCode, LeaseGrant, LeaseId, LeaseOp, LeaseReply, ListPage, ListRequest,
-    ReleaseReceipt, ReleaseRequest, RenewRequest, ResourceKey,
+    ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey,
 };
 use tenure_proto::client::{
     GetResult, LeaseResult, NodeStatus, Principal, Request, RequestBody, RequestFlags,
@@ -68,12 +68,37 @@ pub struct Grant {
     /// The holder may act until this instant (contract section 5): `sent_at + ttl * (1 -
     /// max_drift) - margin`. Past it, another holder may already have the resource.
     ///
-    /// A replayed answer to a request id the caller chose ([`AcquireOptions::request_id`], or
-    /// `Some` in [`Client::renew`]) gets no window (`safe_deadline == sent_at`): the original
-    /// attempt may have been made long before this call, and the lease may have ended since.
-    /// Renew to learn a deadline. Replays of the client's own retries within one call keep the
-    /// window: the original attempt was sent after `sent_at`.
+    /// A replayed answer (the stored outcome of an earlier attempt with the same request id, made
+    /// any time before) counts from what was left of the original grant when the retry was
+    /// answered, never from its full ttl: `sent_at + remaining * (1 - max_drift) - margin`,
+    /// with `remaining` the server's [`Grant::remaining_ttl_ms`] (the retry was answered after
+    /// `sent_at`). Once the lease has ended (released, expired, taken over) that is zero and the
+    /// grant has no window (`safe_deadline == sent_at`).
     pub safe_deadline: Instant,
+    /// What was left of the grant when the server answered: `ttl_ms` for a fresh grant; for a
+    /// replay, the remaining ttl of the original grant at the retry's log time (zero once its
+    /// lease ended; see [`Grant::replay`]).
+    pub remaining_ttl_ms: u64,
+    /// For a replay: how the original grant stood when the retry was answered.
+    pub replay: Option<ReplayState>,
+}
+
+/// The ttl a grant's safe window counts from: the full ttl of a fresh grant; for a replay, what
+/// was left of the original grant when the retry was answered (contract 3.4), zero once its
+/// lease ended, and zero for a replay that does not say (a server that predates replay states:
+/// the original attempt may be arbitrarily old).
+pub(crate) fn replayed_window_ttl_ms(
+    grant: &LeaseGrant,
+    replayed: bool,
+    replay: Option<ReplayState>,
+) -> u64 {
+    match (replayed, replay) {
+        (false, _) => grant.ttl_ms,
+        (true, Some(replay)) if replay.status == ReplayStatus::Active => {
+            replay.remaining_ttl_ms.min(grant.ttl_ms)
+        }
+        (true, _) => 0,
+    }
 }
 
 impl Grant {
@@ -94,7 +119,8 @@ pub struct AcquireOptions {
     pub ttl: Duration,
     /// Request id for deduplication; `None` generates a unique one. Set it to make an acquire
     /// that the caller itself retries (after a crash, say) return the original outcome; such a
-    /// replayed grant carries no safe window (see [`Grant::safe_deadline`]).
+    /// replayed grant's safe window counts only what was left of the original grant (see
+    /// [`Grant::safe_deadline`]).
     pub request_id: Option<String>,
     /// Renew automatically (default). Without it the handle only reports and releases.
     pub auto_renew: bool,
@@ -369,9 +395,9 @@ impl Client {
 
     /// Acquires with explicit options.
     ///
-    /// When the answer replays an earlier attempt made with the caller's own request id, the
-    /// grant may be old (see [`Grant::safe_deadline`]), so the lease is renewed once right away
-    /// to learn a deadline; if it ended meanwhile, that renewal's error is returned.
+    /// When the answer replays an earlier attempt whose grant has nothing left (see
+    /// [`Grant::safe_deadline`]), the lease is renewed once right away to learn a deadline; if it
+    /// ended meanwhile, that renewal's error is returned.
     pub async fn acquire_with(&self, options: AcquireOptions) -> Result<Lease, ClientError> {
         let auto_renew = options.auto_renew;
         let mut grant = self.acquire_grant(options).await?;
@@ -397,7 +423,6 @@ impl Client {
     /// such as `tenurectl`, and for callers that manage renewal themselves).
     pub async fn acquire_grant(&self, options: AcquireOptions) -> Result<Grant, ClientError> {
         let ttl_ms = u64::try_from(options.ttl.as_millis()).unwrap_or(u64::MAX);
-        let callers_id = options.request_id.is_some();
         let request_id = options.request_id.unwrap_or_else(|| self.new_request_id());
         let sent_at = crate::time::now();
         let body = RequestBody::Acquire(AcquireRequest {
@@ -407,13 +432,7 @@ impl Client {
             request_id: request_id.clone(),
         });
         let result = self.lease_call(&options.key, body).await?;
-        self.grant_from(
-            options.key,
-            options.holder_id,
-            (request_id, callers_id),
-            sent_at,
-            result,
-        )
+        self.grant_from(options.key, options.holder_id, request_id, sent_at, result)
     }
 
     /// Renews a lease once (a handle does this by itself).
@@ -426,7 +445,6 @@ impl Client {
         request_id: Option<String>,
     ) -> Result<Grant, ClientError> {
         let holder_id = holder_id.into();
-        let callers_id = request_id.is_some();
         let request_id = request_id.unwrap_or_else(|| self.new_request_id());
         let sent_at = crate::time::now();
         let body = RequestBody::Renew(RenewRequest {
@@ -437,7 +455,7 @@ impl Client {
             request_id: request_id.clone(),
         });
         let result = self.lease_call(&key, body).await?;
-        self.grant_from(key, holder_id, (request_id, callers_id), sent_at, result)
+        self.grant_from(key, holder_id, request_id, sent_at, result)
     }
 
     /// Releases a lease.
@@ -919,13 +937,13 @@ impl Client {
         }
     }
 
-    /// `request_id.1` is true when the caller chose the request id: a replayed answer may then
-    /// be the outcome of an attempt made any time before this call, so it gets no safe window.
+    /// A grant from an answer sent at `sent_at`; a replayed answer's window counts only what was
+    /// left of the original grant (the original attempt may be from any time before this call).
     fn grant_from(
         &self,
         key: ResourceKey,
         holder_id: String,
-        request_id: (String, bool),
+        request_id: String,
         sent_at: Instant,
         result: LeaseResult,
     ) -> Result<Grant, ClientError> {
@@ -934,20 +952,15 @@ impl Client {
                 "Acquire or Renew answered with a release".into(),
             ));
         };
-        let (request_id, callers_id) = request_id;
-        let mut grant = self.make_grant(
+        Ok(self.make_grant(
             key,
             holder_id,
             request_id,
             sent_at,
             &grant,
             result.group_id,
-            result.replayed,
-        );
-        if grant.replayed && callers_id {
-            grant.safe_deadline = grant.sent_at;
-        }
-        Ok(grant)
+            (result.replayed, result.replay),
+        ))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -959,9 +972,11 @@ impl Client {
         sent_at: Instant,
         grant: &LeaseGrant,
         group_id: u32,
-        replayed: bool,
+        replay: (bool, Option<ReplayState>),
     ) -> Grant {
-        let window = self.inner.config.safety.safe_window(grant.ttl_ms);
+        let (replayed, replay) = replay;
+        let remaining_ttl_ms = replayed_window_ttl_ms(grant, replayed, replay);
+        let window = self.inner.config.safety.safe_window(remaining_ttl_ms);
         Grant {
             key,
             holder_id,
@@ -975,6 +990,8 @@ impl Client {
             request_id,
             sent_at,
             safe_deadline: sent_at + window,
+            remaining_ttl_ms,
+            replay,
         }
     }
 

@@ -52,5 +52,7 @@ pub use error::ClientError;
 pub use lease::{Lease, LeaseState, LossReason};
 pub use link::FaultInjector;
 pub use routing::{LeaderEntry, NodeInfo, RoutingState};
-pub use tenure_core::{ErrorCode, LeaseId, LeaseStatus, LeaseView, ResourceKey};
+pub use tenure_core::{
+    ErrorCode, LeaseId, LeaseStatus, LeaseView, ReplayState, ReplayStatus, ResourceKey,
+};
 pub use tenure_proto::client::{GetResult, GroupStatus, LeaseResult, NodeStatus};

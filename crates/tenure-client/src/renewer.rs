@@ -45,8 +45,12 @@ pub(crate) enum RenewerCommand {
 
 /// The outcome of one renewal.
 pub(crate) enum RenewOutcome {
-    /// Renewed; the request was first sent at `sent_at`.
-    Renewed { sent_at: Instant },
+    /// Renewed; the request was first sent at `sent_at`, and the answer leaves `window_ttl_ms`
+    /// to count the safe window from (the ttl, or for a replayed answer what was left of it).
+    Renewed {
+        sent_at: Instant,
+        window_ttl_ms: u64,
+    },
     /// The cluster refused it for good.
     Gone(ClientError),
     /// No answer or a retryable error: try again soon.
@@ -241,8 +245,11 @@ impl Renewer {
         entry.in_flight = false;
         let now = crate::time::now();
         match outcome {
-            RenewOutcome::Renewed { sent_at } => {
-                let window = client.config().safety.safe_window(entry.lease.ttl_ms);
+            RenewOutcome::Renewed {
+                sent_at,
+                window_ttl_ms,
+            } => {
+                let window = client.config().safety.safe_window(window_ttl_ms);
                 if let Ok(mut timing) = entry.lease.timing.lock() {
                     timing.safe_deadline = timing.safe_deadline.max(sent_at + window);
                     timing.last_sent_at = timing.last_sent_at.max(sent_at);
@@ -443,13 +450,23 @@ async fn renew_batch(
                 .zip(results)
                 .map(|((lease, _), result)| {
                     let outcome = match result {
-                        Ok(result) if matches!(result.reply, LeaseReply::Renewed(_)) => {
+                        Ok(tenure_proto::client::LeaseResult {
+                            reply: LeaseReply::Renewed(grant),
+                            replayed,
+                            replay,
+                            ..
+                        }) => {
                             client
                                 .inner
                                 .counters
                                 .renewals
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            RenewOutcome::Renewed { sent_at }
+                            RenewOutcome::Renewed {
+                                sent_at,
+                                window_ttl_ms: crate::client::replayed_window_ttl_ms(
+                                    &grant, replayed, replay,
+                                ),
+                            }
                         }
                         Ok(_) => RenewOutcome::Retry,
                         Err(error) => {

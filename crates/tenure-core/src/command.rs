@@ -184,6 +184,63 @@ pub struct LeaseOutcome {
     pub result: Result<LeaseReply, LeaseError>,
     /// True when the request id had been seen and the stored outcome was returned unchanged.
     pub replayed: bool,
+    /// For a replay (`replayed`, and only then): how the original answer stands at the log time
+    /// of the retry. `result` is the original outcome unchanged; anyone turning a replayed grant
+    /// into an expiry or a window must use this instead of the grant's own times (contract 3.4:
+    /// a replay never reports a later expiry than the original grant had).
+    pub replay: Option<ReplayState>,
+}
+
+/// How a replayed answer stands at the log time it was replayed at. Computed by apply from the
+/// state at that log time (deterministic), never stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayState {
+    /// Log time of the entry that answered the retry.
+    pub answered_at_ms: u64,
+    /// Log time at which the original outcome was decided.
+    pub decided_at_ms: u64,
+    /// Where the lease the original answer names stands at `answered_at_ms`.
+    pub status: ReplayStatus,
+    /// For a replayed grant: the log time until which it holds, never after the original expiry:
+    /// while `status` is [`ReplayStatus::Active`], the earlier of the original expiry and the
+    /// lease's current one; otherwise when the lease ended as far as this group knows (at or
+    /// before `answered_at_ms`). For a replayed release: the release's log time. For a replayed
+    /// error: `answered_at_ms`.
+    pub expires_at_ms: u64,
+    /// `expires_at_ms - answered_at_ms` while `status` is [`ReplayStatus::Active`], else zero:
+    /// what a client may count on from the answer on (never the full ttl of the original).
+    pub remaining_ttl_ms: u64,
+}
+
+/// Where the lease a replayed answer names stands when the retry is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ReplayStatus {
+    /// The granted lease is still the resource's active lease and the original grant's expiry
+    /// has not passed: `remaining_ttl_ms > 0`.
+    Active,
+    /// The original grant's expiry has passed (the lease expired, or only a later renewal
+    /// under another request id keeps it active): nothing remains of this grant.
+    Expired,
+    /// The lease has been released since (for a replayed release: it was released).
+    Released,
+    /// The resource has another lease now, or this group no longer has the lease's record
+    /// (retention ended, or the resource moved): the lease ended, when is not known here.
+    Superseded,
+    /// The original answer was an error: it names no lease window.
+    NotAGrant,
+}
+
+impl ReplayStatus {
+    /// The wire spelling, e.g. `ACTIVE`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplayStatus::Active => "ACTIVE",
+            ReplayStatus::Expired => "EXPIRED",
+            ReplayStatus::Released => "RELEASED",
+            ReplayStatus::Superseded => "SUPERSEDED",
+            ReplayStatus::NotAGrant => "NOT_A_GRANT",
+        }
+    }
 }
 
 /// The result of applying one command.

@@ -66,7 +66,7 @@ mod state;
 pub use command::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOutcome,
     LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest, ReclaimedLease, ReleaseReceipt,
-    ReleaseRequest, RenewRequest,
+    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus,
 };
 pub use error::{ErrorCode, LeaseError, OverloadReason, QuotaKind};
 pub use ids::{

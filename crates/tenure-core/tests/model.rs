@@ -22,8 +22,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tenure_core::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, GroupId, GroupLimits, LeaseError,
     LeaseGrant, LeaseId, LeaseOp, LeaseOutcome, LeaseReply, LeaseStateMachine, LeaseStatus,
-    QuotaKind, ReleaseReceipt, ReleaseRequest, RenewRequest, ResourceKey, StateOptions,
-    TenantPolicy,
+    QuotaKind, ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState, ReplayStatus,
+    ResourceKey, StateOptions, TenantPolicy,
 };
 
 const GROUP: GroupId = GroupId(3);
@@ -234,14 +234,17 @@ impl Model {
             && at + self.limits.dedup_retention_ms > now
         {
             if *fp == fingerprint {
+                let record_key = (key.tenant_id.clone(), key.resource_id.clone());
                 return LeaseOutcome {
                     result: outcome.clone(),
                     replayed: true,
+                    replay: Some(self.replay_state(&record_key, *at, outcome, now)),
                 };
             }
             return LeaseOutcome {
                 result: Err(LeaseError::invalid("request_id", "reused")),
                 replayed: false,
+                replay: None,
             };
         }
         let result = match op {
@@ -254,6 +257,51 @@ impl Model {
         LeaseOutcome {
             result,
             replayed: false,
+            replay: None,
+        }
+    }
+
+    /// Contract 3.4: a replay reports what is left of the original grant at the retry's log
+    /// time (the original expiry or earlier), and nothing once its lease has ended.
+    fn replay_state(
+        &self,
+        key: &(String, String),
+        decided_at: u64,
+        outcome: &Outcome,
+        now: u64,
+    ) -> ReplayState {
+        let ended = |status, at: u64| ReplayState {
+            answered_at_ms: now,
+            decided_at_ms: decided_at,
+            status,
+            expires_at_ms: at.min(now),
+            remaining_ttl_ms: 0,
+        };
+        let grant = match outcome {
+            Ok(LeaseReply::Acquired(grant) | LeaseReply::Renewed(grant)) => grant,
+            Ok(LeaseReply::Released(receipt)) => {
+                return ended(ReplayStatus::Released, receipt.released_at_ms);
+            }
+            Err(_) => return ended(ReplayStatus::NotAGrant, now),
+        };
+        let Some(record) = self
+            .records
+            .get(key)
+            .filter(|r| self.visible(r, now) && r.token == grant.fencing_token)
+        else {
+            return ended(ReplayStatus::Superseded, grant.expires_at_ms);
+        };
+        let end = grant.expires_at_ms.min(record.expires_at);
+        match record.status {
+            MStatus::Released => ended(ReplayStatus::Released, end),
+            MStatus::Active if now < end => ReplayState {
+                answered_at_ms: now,
+                decided_at_ms: decided_at,
+                status: ReplayStatus::Active,
+                expires_at_ms: end,
+                remaining_ttl_ms: end - now,
+            },
+            _ => ended(ReplayStatus::Expired, end),
         }
     }
 
@@ -621,6 +669,7 @@ impl Run {
         }
         *OUTCOME_COUNTS.lock().unwrap().entry(label).or_default() += 1;
         prop_assert_eq!(real.replayed, expected.replayed, "replay flag for {:?}", op);
+        prop_assert_eq!(real.replay, expected.replay, "replay state of {:?}", op);
         prop_assert_eq!(
             normalise(&real.result),
             normalise(&expected.result),

@@ -36,7 +36,7 @@
 use serde::{Deserialize, Serialize};
 use tenure_core::{
     AcquireRequest, ErrorCode, LeaseError, LeaseOp, LeaseReply, LeaseView, ListPage, ListRequest,
-    ReleaseRequest, RenewRequest, ResourceKey,
+    ReleaseRequest, RenewRequest, ReplayState, ResourceKey,
 };
 
 use crate::peer::ProtoError;
@@ -306,6 +306,10 @@ pub struct LeaseResult {
     pub replayed: bool,
     /// The group that decided it.
     pub group_id: u32,
+    /// For a replay: how the original answer stands now (the log time the retry was answered
+    /// at, the remaining ttl of the original grant, zero once its lease ended). A client computes
+    /// its safe window of a replayed grant from this, never from the grant's full ttl.
+    pub replay: Option<ReplayState>,
 }
 
 /// Get's answer.

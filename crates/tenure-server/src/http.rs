@@ -92,7 +92,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tenure_core::{
     AcquireRequest, ErrorCode, LeaseError, LeaseGrant, LeaseId, LeaseReply, LeaseStatus, LeaseView,
-    ListRequest, ReleaseRequest, RenewRequest, ResourceKey,
+    ListRequest, ReleaseRequest, RenewRequest, ReplayState, ResourceKey,
 };
 use tenure_proto::client::{
     Principal, RequestBody, RequestFlags, ResponseBody, TOKEN_BYTES_MAX, WireError,
@@ -724,6 +724,13 @@ struct GrantJson {
     #[serde(skip_serializing_if = "Option::is_none")]
     renewed: Option<bool>,
     ttl_ms: u64,
+    /// What is left of the grant as of the answer: `ttl_ms` for a fresh one, the remaining ttl
+    /// of the original grant for a replay (zero once its lease ended).
+    remaining_ttl_ms: u64,
+    /// For a replay: where the original grant's lease stands (`ACTIVE`, `EXPIRED`, `RELEASED`,
+    /// `SUPERSEDED`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replay_status: Option<&'static str>,
     log_time_ms: u64,
     expires_at_log_ms: u64,
     replayed: bool,
@@ -774,14 +781,29 @@ struct ListJson {
 fn grant_json(
     grant: LeaseGrant,
     arrived: SystemTime,
-    replayed: bool,
+    replay: (bool, Option<ReplayState>),
     group_id: u32,
     renewed: bool,
 ) -> GrantJson {
-    let remaining = grant.expires_at_ms.saturating_sub(grant.log_time_ms);
+    let (replayed, replay) = replay;
+    // A replay reports what is left of the original grant as of the retry's log time (contract
+    // 3.4), so an exact retry shows the original expiry (up to the wall-clock mapping), or an
+    // earlier one once the lease ended; never a full ttl counted from now.
+    let (expiry, remaining_ttl_ms) = match replay {
+        Some(replay) => (
+            wall_clock_of(arrived, replay.expires_at_ms, replay.answered_at_ms),
+            replay.remaining_ttl_ms,
+        ),
+        None => {
+            let remaining = grant.expires_at_ms.saturating_sub(grant.log_time_ms);
+            (add_ms(arrived, remaining), remaining)
+        }
+    };
     GrantJson {
         lease_id: grant.lease_id.to_string(),
-        expiry_time: rfc3339_millis(add_ms(arrived, remaining)),
+        expiry_time: rfc3339_millis(expiry),
+        remaining_ttl_ms,
+        replay_status: replay.map(|replay| replay.status.as_str()),
         fencing_token: grant.fencing_token,
         created: (!renewed).then_some(grant.created),
         renewed: renewed.then_some(true),
@@ -820,6 +842,17 @@ fn lease_json(view: LeaseView, arrived: SystemTime, log_time_ms: Option<u64>) ->
 
 fn add_ms(time: SystemTime, ms: u64) -> SystemTime {
     time.checked_add(Duration::from_millis(ms)).unwrap_or(time)
+}
+
+/// The wall-clock time of log time `at_ms`, given that log time `now_ms` is `arrived`.
+fn wall_clock_of(arrived: SystemTime, at_ms: u64, now_ms: u64) -> SystemTime {
+    if at_ms >= now_ms {
+        add_ms(arrived, at_ms - now_ms)
+    } else {
+        arrived
+            .checked_sub(Duration::from_millis(now_ms - at_ms))
+            .unwrap_or(arrived)
+    }
 }
 
 /// `time` as RFC 3339 UTC with millisecond precision, e.g. `2024-02-29T23:59:59.123Z`.
@@ -1006,7 +1039,7 @@ async fn grant_call(
                 Ok(axum::Json(grant_json(
                     grant,
                     arrived,
-                    result.replayed,
+                    (result.replayed, result.replay),
                     result.group_id,
                     renewed,
                 ))
@@ -1060,7 +1093,10 @@ async fn release(
             LeaseReply::Released(receipt) => Ok(axum::Json(ReleasedJson {
                 lease_id: receipt.lease_id.to_string(),
                 released: true,
-                expiry_time: rfc3339_millis(arrived),
+                // A replay shows when the release happened, not when it was retried.
+                expiry_time: rfc3339_millis(result.replay.map_or(arrived, |replay| {
+                    wall_clock_of(arrived, replay.expires_at_ms, replay.answered_at_ms)
+                })),
                 fencing_token: receipt.fencing_token,
                 released_at_log_ms: receipt.released_at_ms,
                 replayed: result.replayed,
@@ -1606,6 +1642,7 @@ mod tests {
             reply,
             replayed: false,
             group_id: 3,
+            replay: None,
         }))
     }
 

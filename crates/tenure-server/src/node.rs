@@ -959,6 +959,7 @@ fn lease_body(
                 reply,
                 replayed: outcome.replayed,
                 group_id: group,
+                replay: outcome.replay,
             }),
             Err(error) => Err(WireError::from_lease_error(error)),
         })

@@ -385,8 +385,8 @@ async fn an_acquire_whose_answer_was_lost_returns_the_same_lease() {
     assert_eq!(again.lease_id, grant.lease_id);
     assert!(again.replayed);
     assert!(
-        !again.is_safe_now(),
-        "a replay of a caller-chosen request id carries no safe window"
+        again.is_safe_now() && again.remaining_ttl_ms <= again.ttl_ms,
+        "a replay of a caller-chosen request id keeps the window of what is left of the grant"
     );
     // As a handle, the same replay is renewed at once to learn a deadline.
     let handle = client

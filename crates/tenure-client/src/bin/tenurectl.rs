@@ -136,7 +136,7 @@ enum Command {
         #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
         ttl_ms: u64,
         /// Request id for deduplication: a retry with the same id returns the original outcome
-        /// (`replayed`, with `safe_for_ms` 0 since its age is unknown).
+        /// (`replayed`, with `safe_for_ms` counted from what was left of the original grant).
         #[arg(long, value_name = "ID")]
         request_id: Option<String>,
     },
@@ -409,10 +409,9 @@ async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
 
 // ----- leases -----
 
-/// The fields of a grant. `safe_for_ms` is the time left before the grant's safe deadline (0
-/// for a replay of a request id the caller chose: that outcome may come from an earlier
-/// invocation, and the lease may even have been released since; the library gives such a
-/// grant no safe window).
+/// The fields of a grant. `safe_for_ms` is the time left before the grant's safe deadline (for
+/// a replay, counted from what was left of the original grant when the retry was answered: 0
+/// once that lease ended; `replay_status` says where it stands).
 fn grant_fields(grant: &Grant) -> Vec<(&'static str, Value)> {
     let safe_for = grant
         .safe_deadline
@@ -428,7 +427,12 @@ fn grant_fields(grant: &Grant) -> Vec<(&'static str, Value)> {
         ("log_time_ms", json!(grant.log_time_ms)),
         ("expires_at_ms", json!(grant.expires_at_ms)),
         ("safe_for_ms", json!(millis(safe_for))),
+        ("remaining_ttl_ms", json!(grant.remaining_ttl_ms)),
         ("replayed", json!(grant.replayed)),
+        (
+            "replay_status",
+            json!(grant.replay.map(|replay| replay.status.as_str())),
+        ),
         ("request_id", json!(grant.request_id)),
     ]
 }

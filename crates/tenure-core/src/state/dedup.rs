@@ -1,41 +1,152 @@
 //! Request-id deduplication: the stored outcome of every recent lease request.
 //!
-//! A record is keyed by a 128-bit XXH3 digest of `(tenant_id, resource_id, request_id)` and
-//! holds a 64-bit fingerprint of the rest of the request plus the outcome. Records sit in a ring
-//! (a FIFO in recording order, which is log-time order); a compact hash index maps each key to the
-//! sequence number of its live record. Retention is enforced from the ring's front, never by a
-//! scan:
+//! A record stores the request's full identity `(tenant_id, resource_id, request_id)` (packed
+//! into one byte string, [`DedupIdentity`]), a 64-bit fingerprint of the rest of the request and
+//! the outcome. A lookup is a match only when the stored identity equals the request's
+//! (contract 3.4): the hash that finds candidates is an in-memory, per-process seeded hash
+//! whose collisions cost a comparison, never a wrong replay, so no tenant can replay another
+//! tenant's outcome by crafting a colliding request id. (Issue 19 item 6: this table used to
+//! trust a 128-bit XXH3 digest with XXH3's public secret as the identity.)
+//!
+//! Records sit in a ring (a FIFO in recording order, which is log-time order); a hash table of
+//! sequence numbers, hashed by identity and compared on the identity stored in the ring, finds
+//! the live record of an identity. Retention is enforced from the ring's front, never by a scan:
 //! - a record is *visible* while `recorded_at_ms + retention_ms > now`; lookups check this, so the
 //!   window is exact even though memory is reclaimed lazily (a bounded amount per entry);
 //! - the ring never holds more than `dedup_records_max` records: at the bound the oldest record
 //!   is dropped if it is older than `dedup_retention_ms_min`, else the new request is refused with
-//!   `OVERLOADED` before it has any effect.
+//!   `OVERLOADED` before it has any effect;
+//! - **fair share** (issue 19 item 7): while the ring is at its bound, a tenant holding fewer
+//!   than its fair share of it (`dedup_records_max` divided by the number of tenants with
+//!   entries, itself included) may drop the oldest record even if it is young, when that
+//!   record's tenant holds more than its fair share. So one tenant flooding the table cannot make
+//!   the others' requests `OVERLOADED` for longer than the oldest non-flooding record takes to
+//!   reach `dedup_retention_ms_min`; a tenant at or above its share is refused, as before, and
+//!   the records it holds beyond its share lose the minimum-retention guarantee (a retry of one
+//!   of them after it was dropped is applied as a new request).
 //!
-//! A key recorded again after its retention leaves its older ring entry *stale* (the index points
-//! past it); stale entries are skipped and dropped from the front. The ring, stale entries
-//! included, is the snapshot's content; the index is rebuilt from it (the last entry of a key wins),
-//! so lazy reclamation proceeds identically on every replica.
+//! An identity recorded again after its retention leaves its older ring entry *stale* (the index
+//! points past it); stale entries are skipped and dropped from the front. The ring, stale entries
+//! included, is the snapshot's content; the index is rebuilt from it (the last entry of an
+//! identity wins), so lazy reclamation proceeds identically on every replica.
+//!
+//! Memory per record (measured by `tenure-bench`'s `lease_memory`): the ring entry (96 bytes),
+//! the identity's heap bytes (3 + the three ids' lengths, at most 451), about two 8-byte index
+//! buckets plus control bytes; plus one per-tenant counter per tenant with records.
+//!
+//! Depends only on the command types and limits; no clock, no I/O, no randomness (the index's
+//! hash seed changes the memory layout only, never a decision).
 
 use std::collections::VecDeque;
+use std::hash::BuildHasher;
 
 use compact_str::CompactString;
-use hashbrown::HashMap;
-use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
+use hashbrown::{HashMap, HashTable};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::command::{LeaseOp, LeaseReply};
 use crate::error::{LeaseError, OverloadReason};
+use crate::ids::{validate_request_id, validate_resource_id, validate_tenant_id};
 use crate::limits::GroupLimits;
 
 pub(crate) type HashBuilder = foldhash::fast::FixedState;
 
-/// Digest naming one `(tenant, resource, request id)`.
-pub(crate) type DedupKey = u128;
+/// The identity a record answers for: `(tenant_id, resource_id, request_id)` packed as
+/// `tenant length (u8) | resource length (u16 LE) | tenant | resource | request id`. The ids are
+/// validated before a record is made (at most 64, 256 and 128 bytes), so the lengths fit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DedupIdentity(Box<[u8]>);
+
+/// Packs `(tenant, resource, request id)` into `out` (cleared first), in [`DedupIdentity`]'s layout.
+/// Ids longer than the layout allows are truncated in the length fields only if validation was
+/// skipped, which apply never does; the identity then still compares exactly on its bytes.
+fn pack_identity(out: &mut Vec<u8>, tenant: &str, resource: &str, request_id: &str) {
+    out.clear();
+    out.push(u8::try_from(tenant.len()).unwrap_or(u8::MAX));
+    out.extend_from_slice(
+        &u16::try_from(resource.len())
+            .unwrap_or(u16::MAX)
+            .to_le_bytes(),
+    );
+    out.extend_from_slice(tenant.as_bytes());
+    out.extend_from_slice(resource.as_bytes());
+    out.extend_from_slice(request_id.as_bytes());
+}
+
+/// The tenant part of a packed identity.
+fn packed_tenant(packed: &[u8]) -> &[u8] {
+    let tenant_len = packed.first().copied().map_or(0, usize::from);
+    packed.get(3..3 + tenant_len).unwrap_or_default()
+}
+
+/// Packs a request's identity into `out`.
+pub(crate) fn pack_op_identity(op: &LeaseOp, out: &mut Vec<u8>) {
+    let key = op.key();
+    pack_identity(out, &key.tenant_id, &key.resource_id, op.request_id());
+}
+
+impl DedupIdentity {
+    fn from_packed(packed: &[u8]) -> Self {
+        DedupIdentity(packed.into())
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The three ids, for the snapshot. Only well-formed identities are ever built.
+    fn parts(&self) -> (&str, &str, &str) {
+        let bytes = self.bytes();
+        let tenant_len = bytes.first().copied().map_or(0, usize::from);
+        let resource_len = match bytes.get(1..3) {
+            Some(&[lo, hi]) => usize::from(u16::from_le_bytes([lo, hi])),
+            _ => 0,
+        };
+        let text = |range: std::ops::Range<usize>| {
+            bytes
+                .get(range)
+                .and_then(|part| std::str::from_utf8(part).ok())
+                .unwrap_or_default()
+        };
+        let resource_start = 3 + tenant_len;
+        let request_start = resource_start + resource_len;
+        (
+            text(3..resource_start),
+            text(resource_start..request_start),
+            text(request_start..bytes.len()),
+        )
+    }
+}
+
+/// In snapshots an identity is the tuple of its three ids (strings), validated when read.
+impl Serialize for DedupIdentity {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.parts().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for DedupIdentity {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let (tenant, resource, request_id) = <(String, String, String)>::deserialize(deserializer)?;
+        let checked = validate_tenant_id(&tenant)
+            .and_then(|()| validate_resource_id(&resource))
+            .and_then(|()| validate_request_id(&request_id));
+        if let Err(err) = checked {
+            return Err(serde::de::Error::custom(format!(
+                "request-id record identity: {err}"
+            )));
+        }
+        let mut packed = Vec::with_capacity(3 + tenant.len() + resource.len() + request_id.len());
+        pack_identity(&mut packed, &tenant, &resource, &request_id);
+        Ok(DedupIdentity(packed.into_boxed_slice()))
+    }
+}
 
 /// One remembered outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DedupRecord {
-    pub(crate) key: DedupKey,
+    pub(crate) identity: DedupIdentity,
     pub(crate) recorded_at_ms: u64,
     pub(crate) fingerprint: u64,
     pub(crate) outcome: Result<LeaseReply, LeaseError>,
@@ -46,18 +157,9 @@ fn push_part(scratch: &mut Vec<u8>, part: &[u8]) {
     scratch.extend_from_slice(part);
 }
 
-/// The record key of a request: XXH3-128 over the length-prefixed tenant, resource and request id.
-pub(crate) fn dedup_key(op: &LeaseOp, scratch: &mut Vec<u8>) -> DedupKey {
-    let key = op.key();
-    scratch.clear();
-    push_part(scratch, key.tenant_id.as_bytes());
-    push_part(scratch, key.resource_id.as_bytes());
-    push_part(scratch, op.request_id().as_bytes());
-    xxh3_128(scratch)
-}
-
 /// Digest of everything in a request besides its key and request id: reusing a request id for
-/// anything else (another operation, holder, lease or ttl) changes it.
+/// anything else (another operation, holder, lease or ttl) changes it. (Compared only after the
+/// identity matched, i.e. between requests of one tenant on one resource.)
 pub(crate) fn fingerprint(op: &LeaseOp, scratch: &mut Vec<u8>) -> u64 {
     let (tag, holder, lease, ttl_ms): (u8, &str, Option<_>, Option<u64>) = match op {
         LeaseOp::Acquire(r) => (1, &r.holder_id, None, Some(r.ttl_ms)),
@@ -79,19 +181,25 @@ pub(crate) fn fingerprint(op: &LeaseOp, scratch: &mut Vec<u8>) -> u64 {
 
 #[derive(Debug, Clone)]
 pub(crate) struct DedupTable {
-    /// Key -> sequence number of its live record.
-    index: HashMap<DedupKey, u64, HashBuilder>,
+    /// Sequence numbers of live records, hashed by identity; equality is the stored identity's.
+    index: HashTable<u64>,
     /// Records in recording order; `ring[i]` has sequence `front_sequence + i`.
     ring: VecDeque<DedupRecord>,
     front_sequence: u64,
+    /// Ring entries (stale ones included) per tenant id: the fair-share rule counts these.
+    per_tenant: HashMap<Box<[u8]>, u64, HashBuilder>,
+    hash_builder: HashBuilder,
+    /// Test hook: every identity hashes alike, so lookups rest on identity comparison alone.
+    #[cfg(test)]
+    force_collisions: bool,
 }
 
 /// What a lookup found.
 pub(crate) enum Lookup<'a> {
     /// Never seen, or its retention ended.
     Miss,
-    /// Seen with the same fingerprint: return this outcome.
-    Replay(&'a Result<LeaseReply, LeaseError>),
+    /// Seen with the same fingerprint: return this record's outcome.
+    Replay(&'a DedupRecord),
     /// Seen with another fingerprint: the request id is being reused for something else.
     Conflict,
 }
@@ -106,10 +214,20 @@ fn is_expired(record: &DedupRecord, now_ms: u64, limits: &GroupLimits) -> bool {
 impl DedupTable {
     pub(crate) fn new(hash_builder: HashBuilder) -> Self {
         DedupTable {
-            index: HashMap::with_hasher(hash_builder),
+            index: HashTable::new(),
             ring: VecDeque::new(),
             front_sequence: 0,
+            per_tenant: HashMap::with_hasher(hash_builder.clone()),
+            hash_builder,
+            #[cfg(test)]
+            force_collisions: false,
         }
+    }
+
+    /// Test hook: makes every identity collide in the index.
+    #[cfg(test)]
+    pub(crate) fn force_collisions(&mut self) {
+        self.force_collisions = true;
     }
 
     /// Live records (the index's size).
@@ -122,40 +240,70 @@ impl DedupTable {
         self.ring.len()
     }
 
+    fn hash_of(&self, packed: &[u8]) -> u64 {
+        #[cfg(test)]
+        if self.force_collisions {
+            return 0;
+        }
+        self.hash_builder.hash_one(packed)
+    }
+
     fn record_at(&self, sequence: u64) -> Option<&DedupRecord> {
-        let offset = usize::try_from(sequence.checked_sub(self.front_sequence)?).ok()?;
-        self.ring.get(offset)
+        record_at(&self.ring, self.front_sequence, sequence)
+    }
+
+    /// Whether the ring entry with `sequence` (holding `identity`) is its identity's live one.
+    fn is_live(&self, identity: &DedupIdentity, sequence: u64) -> bool {
+        self.index
+            .find(self.hash_of(identity.bytes()), |&s| s == sequence)
+            .is_some()
     }
 
     fn front_is_live(&self) -> Option<bool> {
         let front = self.ring.front()?;
-        Some(self.index.get(&front.key) == Some(&self.front_sequence))
+        Some(self.is_live(&front.identity, self.front_sequence))
     }
 
     fn pop_front(&mut self, live: bool) {
-        if let Some(front) = self.ring.pop_front() {
-            if live {
-                self.index.remove(&front.key);
+        let Some(front) = self.ring.pop_front() else {
+            return;
+        };
+        if live {
+            let hash = self.hash_of(front.identity.bytes());
+            let sequence = self.front_sequence;
+            if let Ok(entry) = self.index.find_entry(hash, |&s| s == sequence) {
+                entry.remove();
             }
-            self.front_sequence += 1;
         }
+        let tenant = packed_tenant(front.identity.bytes());
+        if let Some(count) = self.per_tenant.get_mut(tenant) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_tenant.remove(tenant);
+            }
+        }
+        self.front_sequence += 1;
     }
 
+    /// Looks up a request by its packed identity (see [`pack_op_identity`]).
     pub(crate) fn lookup(
         &self,
-        key: DedupKey,
+        packed: &[u8],
         fingerprint: u64,
         now_ms: u64,
         limits: &GroupLimits,
     ) -> Lookup<'_> {
         let record = self
             .index
-            .get(&key)
+            .find(self.hash_of(packed), |&sequence| {
+                self.record_at(sequence)
+                    .is_some_and(|record| record.identity.bytes() == packed)
+            })
             .and_then(|&sequence| self.record_at(sequence));
         match record {
             Some(record) if !is_expired(record, now_ms, limits) => {
                 if record.fingerprint == fingerprint {
-                    Lookup::Replay(&record.outcome)
+                    Lookup::Replay(record)
                 } else {
                     Lookup::Conflict
                 }
@@ -164,23 +312,48 @@ impl DedupTable {
         }
     }
 
-    /// Makes room for one more record, or refuses with `OVERLOADED` (changing nothing then,
-    /// except dropping records that were droppable anyway).
+    fn tenant_entries(&self, tenant: &[u8]) -> u64 {
+        self.per_tenant.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Fair share of the ring for a table that `tenant` is about to add to: the bound divided by
+    /// the number of tenants holding entries, `tenant` included.
+    fn fair_share(&self, tenant: &[u8], limits: &GroupLimits) -> u64 {
+        let tenants =
+            self.per_tenant.len() as u64 + u64::from(!self.per_tenant.contains_key(tenant));
+        limits.dedup_records_max / tenants.max(1)
+    }
+
+    /// Makes room for one more record of the request whose packed identity is `packed`, or
+    /// refuses with `OVERLOADED` (changing nothing then, except dropping records that were
+    /// droppable anyway). O(1) per dropped record: only the ring's front is ever dropped.
     pub(crate) fn reserve_one(
         &mut self,
+        packed: &[u8],
         now_ms: u64,
         limits: &GroupLimits,
     ) -> Result<(), LeaseError> {
+        let tenant = packed_tenant(packed);
         while self.ring.len() as u64 >= limits.dedup_records_max {
             let (Some(live), Some(front)) = (self.front_is_live(), self.ring.front()) else {
                 break;
             };
             if live {
                 let age_ms = now_ms.saturating_sub(front.recorded_at_ms);
-                if !is_expired(front, now_ms, limits) && age_ms < limits.dedup_retention_ms_min {
-                    return Err(LeaseError::Overloaded {
-                        reason: OverloadReason::DedupTableFull,
-                    });
+                let young =
+                    !is_expired(front, now_ms, limits) && age_ms < limits.dedup_retention_ms_min;
+                if young {
+                    // Fair share: a tenant below its share may drop a young record of a tenant
+                    // above it; anyone else waits for the oldest record to age.
+                    let share = self.fair_share(tenant, limits);
+                    let front_tenant = packed_tenant(front.identity.bytes());
+                    let may_drop = self.tenant_entries(tenant) < share
+                        && self.tenant_entries(front_tenant) > share;
+                    if !may_drop {
+                        return Err(LeaseError::Overloaded {
+                            reason: OverloadReason::DedupTableFull,
+                        });
+                    }
                 }
             }
             self.pop_front(live);
@@ -188,22 +361,68 @@ impl DedupTable {
         Ok(())
     }
 
-    /// Stores an outcome. Call [`DedupTable::reserve_one`] first.
+    /// Stores an outcome under its packed identity. Call [`DedupTable::reserve_one`] first.
     pub(crate) fn record(
         &mut self,
-        key: DedupKey,
+        packed: &[u8],
         fingerprint: u64,
         now_ms: u64,
         outcome: Result<LeaseReply, LeaseError>,
     ) {
         let sequence = self.front_sequence + self.ring.len() as u64;
+        self.count_entry(packed);
         self.ring.push_back(DedupRecord {
-            key,
+            identity: DedupIdentity::from_packed(packed),
             recorded_at_ms: now_ms,
             fingerprint,
             outcome,
         });
-        self.index.insert(key, sequence);
+        self.set_live(sequence);
+    }
+
+    fn count_entry(&mut self, packed: &[u8]) {
+        let tenant = packed_tenant(packed);
+        match self.per_tenant.get_mut(tenant) {
+            Some(count) => *count += 1,
+            None => {
+                self.per_tenant.insert(tenant.into(), 1);
+            }
+        }
+    }
+
+    /// Makes the ring entry `sequence` its identity's live one (replacing an older entry's).
+    fn set_live(&mut self, sequence: u64) {
+        let Some(record) = self.record_at(sequence) else {
+            return;
+        };
+        let hash = self.hash_of(record.identity.bytes());
+        #[cfg(test)]
+        let collide = self.force_collisions;
+        #[cfg(not(test))]
+        let collide = false;
+        let Self {
+            index,
+            ring,
+            front_sequence,
+            hash_builder,
+            ..
+        } = self;
+        let front = *front_sequence;
+        let ring = &*ring;
+        let identity_of = |s: u64| record_at(ring, front, s).map(|r| r.identity.bytes());
+        let packed = identity_of(sequence).unwrap_or_default();
+        match index.find_mut(hash, |&s| identity_of(s) == Some(packed)) {
+            Some(slot) => *slot = sequence,
+            None => {
+                index.insert_unique(hash, sequence, |&s| {
+                    if collide {
+                        0
+                    } else {
+                        hash_builder.hash_one(identity_of(s).unwrap_or_default())
+                    }
+                });
+            }
+        }
     }
 
     /// Drops entries whose retention ended (live or stale) from the front, at most `budget`.
@@ -238,29 +457,55 @@ impl DedupTable {
         self.front_sequence = front_sequence;
     }
 
-    /// Appends a restored ring entry; a later entry of the same key supersedes an earlier one.
+    /// Appends a restored ring entry; a later entry of the same identity supersedes an earlier
+    /// one.
     pub(crate) fn push_restored(&mut self, record: DedupRecord) {
         let sequence = self.front_sequence + self.ring.len() as u64;
-        self.index.insert(record.key, sequence);
+        self.count_entry(record.identity.bytes());
         self.ring.push_back(record);
+        self.set_live(sequence);
     }
 
-    /// Checks the index against the ring (tests and restore): O(n).
+    /// Checks the index and the per-tenant counts against the ring (tests and restore): O(n).
     pub(crate) fn check(&self) -> Result<(), String> {
         let mut live = 0usize;
+        let mut per_tenant: HashMap<&[u8], u64, HashBuilder> =
+            HashMap::with_hasher(self.hash_builder.clone());
         for (record, sequence) in self.ring.iter().zip(self.front_sequence..) {
-            if self.index.get(&record.key) == Some(&sequence) {
+            if self.is_live(&record.identity, sequence) {
                 live += 1;
             }
+            *per_tenant
+                .entry(packed_tenant(record.identity.bytes()))
+                .or_insert(0) += 1;
+        }
+        if per_tenant.len() != self.per_tenant.len()
+            || per_tenant
+                .iter()
+                .any(|(tenant, count)| self.per_tenant.get(*tenant) != Some(count))
+        {
+            return Err("dedup per-tenant counts disagree with the ring".to_owned());
         }
         if live != self.index.len() {
             return Err(format!(
-                "dedup index has {} keys for {live} live ring entries",
+                "dedup index has {} entries for {live} live ring entries",
                 self.index.len()
             ));
         }
+        for &sequence in &self.index {
+            if self.record_at(sequence).is_none() {
+                return Err(format!(
+                    "dedup index names sequence {sequence} outside the ring"
+                ));
+            }
+        }
         Ok(())
     }
+}
+
+fn record_at(ring: &VecDeque<DedupRecord>, front: u64, sequence: u64) -> Option<&DedupRecord> {
+    let offset = usize::try_from(sequence.checked_sub(front)?).ok()?;
+    ring.get(offset)
 }
 
 /// The error for a request id reused for a different request.

@@ -16,6 +16,8 @@
 pub(crate) mod dedup;
 pub(crate) mod slab;
 mod snapshot;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::hash::BuildHasher;
@@ -30,7 +32,7 @@ pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SnapshotError, SnapshotStats};
 use crate::command::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOutcome,
     LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest, ReclaimedLease, ReleaseReceipt,
-    ReleaseRequest, RenewRequest,
+    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus,
 };
 use crate::error::{LeaseError, QuotaKind};
 use crate::ids::{
@@ -38,7 +40,7 @@ use crate::ids::{
 };
 use crate::limits::{GroupLimits, TenantPolicy};
 use crate::negative::NegativeControl;
-use dedup::{DedupTable, HashBuilder, Lookup};
+use dedup::{DedupRecord, DedupTable, HashBuilder, Lookup};
 use slab::Slab;
 
 /// Work budget for lazy garbage collection per applied entry, beyond twice its item count.
@@ -190,6 +192,12 @@ impl LeaseStateMachine {
         }
     }
 
+    /// Test hook: makes every request identity collide in the request-id table's hashing.
+    #[cfg(test)]
+    pub(crate) fn force_dedup_collisions(&mut self) {
+        self.dedup.force_collisions();
+    }
+
     /// The group this state belongs to.
     pub fn group_id(&self) -> GroupId {
         self.group_id
@@ -290,6 +298,7 @@ impl LeaseStateMachine {
         let fresh = |result| LeaseOutcome {
             result,
             replayed: false,
+            replay: None,
         };
         // Malformed identity: nothing to scope a request id to, so nothing is recorded.
         let checked = op
@@ -315,19 +324,24 @@ impl LeaseStateMachine {
             };
             return fresh(result);
         }
-        let key = dedup::dedup_key(op, &mut self.scratch);
         let fingerprint = dedup::fingerprint(op, &mut self.scratch);
-        match self.dedup.lookup(key, fingerprint, now_ms, &self.limits) {
-            Lookup::Replay(outcome) => {
+        dedup::pack_op_identity(op, &mut self.scratch);
+        match self
+            .dedup
+            .lookup(&self.scratch, fingerprint, now_ms, &self.limits)
+        {
+            Lookup::Replay(record) => {
+                let replay = self.replay_state(op.key(), record, now_ms);
                 return LeaseOutcome {
-                    result: outcome.clone(),
+                    result: record.outcome.clone(),
                     replayed: true,
+                    replay: Some(replay),
                 };
             }
             Lookup::Conflict => return fresh(Err(dedup::conflict_error())),
             Lookup::Miss => {}
         }
-        if let Err(err) = self.dedup.reserve_one(now_ms, &self.limits) {
+        if let Err(err) = self.dedup.reserve_one(&self.scratch, now_ms, &self.limits) {
             return fresh(Err(err));
         }
         let result = match op {
@@ -337,9 +351,59 @@ impl LeaseStateMachine {
         };
         // Retryable refusals had no effect and must not stick to the request id.
         if !result.as_ref().is_err_and(LeaseError::retryable) {
-            self.dedup.record(key, fingerprint, now_ms, result.clone());
+            // `scratch` still holds the packed identity: nothing above uses it.
+            self.dedup
+                .record(&self.scratch, fingerprint, now_ms, result.clone());
         }
         fresh(result)
+    }
+
+    /// How a stored outcome stands at `now_ms` (contract 3.4): a replayed grant never reports
+    /// more than is left of the original grant, and nothing once its lease has ended.
+    fn replay_state(&self, key: &ResourceKey, record: &DedupRecord, now_ms: u64) -> ReplayState {
+        let ended = |status, expires_at_ms: u64| ReplayState {
+            answered_at_ms: now_ms,
+            decided_at_ms: record.recorded_at_ms,
+            status,
+            expires_at_ms: expires_at_ms.min(now_ms),
+            remaining_ttl_ms: 0,
+        };
+        let grant = match &record.outcome {
+            Ok(LeaseReply::Acquired(grant) | LeaseReply::Renewed(grant)) => grant,
+            Ok(LeaseReply::Released(receipt)) => {
+                return ended(ReplayStatus::Released, receipt.released_at_ms);
+            }
+            Err(_) => return ended(ReplayStatus::NotAGrant, now_ms),
+        };
+        // The resource's record, if it is still the granted lease (an invisible record counts
+        // as gone whether or not garbage collection has freed it yet).
+        let current = self
+            .tenant_index
+            .get(key.tenant_id.as_str())
+            .and_then(|&tenant| self.find_slot(tenant, &key.resource_id))
+            .and_then(|slot| self.slab.get(slot))
+            .filter(|r| {
+                r.is_visible_at(now_ms, &self.limits)
+                    && r.lease_id() == grant.lease_id
+                    && r.fencing_token == grant.fencing_token
+            });
+        let Some(current) = current else {
+            return ended(ReplayStatus::Superseded, grant.expires_at_ms);
+        };
+        let expires_at_ms = grant.expires_at_ms.min(current.expires_at_ms);
+        match current.status {
+            RecordStatus::Released => ended(ReplayStatus::Released, expires_at_ms),
+            RecordStatus::Active if now_ms < expires_at_ms => ReplayState {
+                answered_at_ms: now_ms,
+                decided_at_ms: record.recorded_at_ms,
+                status: ReplayStatus::Active,
+                expires_at_ms,
+                remaining_ttl_ms: expires_at_ms - now_ms,
+            },
+            RecordStatus::Active | RecordStatus::Expired => {
+                ended(ReplayStatus::Expired, expires_at_ms)
+            }
+        }
     }
 
     fn acquire(

@@ -2,14 +2,17 @@
 //!
 //! ```text
 //! "TENURESN"                 8 bytes magic
-//! format_version             u32 little-endian (currently 1)
+//! format_version             u32 little-endian (currently 2)
 //! frame*                     u32 little-endian length, then that many bytes of postcard
 //!   Meta                     counts of everything below, limits, counters, log time
 //!   TenantState   x tenants  in tenant-index order
 //!   Option<Record> x slots   every slot below the high-water mark, in slot order
 //!   Vec<u32>                 free list, in chunks of at most 16384
 //!   Vec<(u32,u64)>           inactive queue (slot, token), in chunks, stale entries included
-//!   DedupRecord   x ring     request-id ring in order, stale entries included
+//!   DedupRecord   x ring     request-id ring in order, stale entries included; each names its
+//!                            full identity (tenant, resource, request id) as three strings
+//!                            (version 1 had only a 128-bit hash of it, so a version 1 snapshot
+//!                            cannot be read: its records cannot be matched on identity)
 //! checksum                   u64 little-endian XXH3-64 of every byte before it
 //! ```
 //!
@@ -29,8 +32,9 @@ use super::{LeaseRecord, LeaseStateMachine, RecordStatus, StateOptions, TenantSt
 use crate::ids::{GroupId, validate_holder_id, validate_resource_id, validate_tenant_id};
 use crate::limits::GroupLimits;
 
-/// The snapshot format this build writes and reads.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+/// The snapshot format this build writes and reads. Version 2 (issue 19): request-id records
+/// carry their full identity instead of a hash of it.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
 
 const MAGIC: &[u8; 8] = b"TENURESN";
 /// Largest frame accepted: a corrupted length cannot make the reader allocate more than this.
