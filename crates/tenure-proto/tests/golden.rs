@@ -24,7 +24,7 @@ use serde::de::DeserializeOwned;
 use tenure_core::{
     AcquireRequest, ErrorCode, GroupId, LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply,
     LeaseStatus, LeaseView, ListPage, ListRequest, OverloadReason, QuotaKind, ReleaseReceipt,
-    ReleaseRequest, RenewRequest, ResourceKey,
+    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey,
 };
 use tenure_proto::client::{
     CLIENT_ALPN, CLIENT_PROTOCOL_VERSION, FollowerProgress, GetResult, GroupLeader, GroupStatus,
@@ -395,6 +395,13 @@ fn responses() -> Vec<(&'static str, Response)> {
         reply,
         replayed,
         group_id: 7,
+        replay: replayed.then_some(ReplayState {
+            answered_at_ms: 1_700_000_005_000,
+            decided_at_ms: 1_700_000_000_000,
+            status: ReplayStatus::Active,
+            expires_at_ms: 1_700_000_030_000,
+            remaining_ttl_ms: 25_000,
+        }),
     };
     let mut full_error = WireError::from_lease_error(LeaseError::AlreadyHeld {
         holder_id: "worker-2".into(),
@@ -611,6 +618,16 @@ fn client_protocol_bytes_are_pinned() {
             LeaseStatus::Expired,
             LeaseStatus::Released,
             LeaseStatus::Absent,
+        ],
+    );
+    golden.value(
+        "replay_statuses_all",
+        &vec![
+            ReplayStatus::Active,
+            ReplayStatus::Expired,
+            ReplayStatus::Released,
+            ReplayStatus::Superseded,
+            ReplayStatus::NotAGrant,
         ],
     );
     golden.finish();
