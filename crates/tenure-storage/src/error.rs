@@ -67,6 +67,31 @@ pub enum StoreError {
         /// The first failure.
         reason: String,
     },
+    /// A WAL sync failed earlier on this node. After a failed fsync the kernel may have dropped
+    /// the pages it could not write, so a later sync can succeed without them: nothing written
+    /// since can be called durable. Every later sync, append and synced write fails with this
+    /// until the node restarts (and the restart's recovery checks the WAL).
+    #[error(
+        "a WAL sync failed earlier on this node ({first_failure}); storage refuses every write until the node restarts"
+    )]
+    SyncFailed {
+        /// The first failure.
+        first_failure: String,
+    },
+    /// The store cannot be opened because its data is corrupt: RocksDB found a damaged record
+    /// inside its write-ahead log (not merely an incomplete last record after a crash), a damaged
+    /// manifest or a damaged table. Opening anyway would silently drop synced writes (log
+    /// entries, votes), so the node refuses to start; see the runbook
+    /// `ops/runbooks/StorageCorrupt.md`.
+    #[error(
+        "the store at {path} is corrupt and the node refuses to start rather than drop synced writes (runbook: ops/runbooks/StorageCorrupt.md): {detail}"
+    )]
+    CorruptStore {
+        /// Data directory.
+        path: PathBuf,
+        /// RocksDB's message.
+        detail: String,
+    },
     /// A snapshot file is unusable.
     #[error("group {group}: snapshot {file}: {detail}")]
     Snapshot {
@@ -87,6 +112,7 @@ impl StoreError {
             StoreError::Corrupt { .. }
                 | StoreError::MisplacedEntry { .. }
                 | StoreError::Snapshot { .. }
+                | StoreError::CorruptStore { .. }
         )
     }
 

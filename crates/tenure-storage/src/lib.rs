@@ -17,7 +17,10 @@
 //!
 //! Every stored value carries a checksum; corruption is a typed [`StoreError`] naming group and
 //! key, and the group stops serving rather than serve wrong state. An I/O error also stops the
-//! group's writes; nothing acknowledged is lost because acknowledgement waits for the sync.
+//! group's writes; nothing acknowledged is lost because acknowledgement waits for the sync. A
+//! failed WAL sync is sticky: every later sync and write fails ([`StoreError::SyncFailed`]) until
+//! the node restarts. A WAL damaged inside (not merely torn at its end by a crash) makes the
+//! store refuse to open ([`StoreError::CorruptStore`]) instead of dropping synced writes.
 //!
 //! Must not depend on: the network (quinn), the server's configuration, or any clock in a
 //! decision. It uses tokio only to move blocking RocksDB calls off the caller's runtime; it never
@@ -35,7 +38,8 @@ pub use backend::{CrashLoss, MemoryDisk};
 pub use error::StoreError;
 pub use log_store::GroupLogStore;
 pub use node::{
-    CF_LOG, CF_META, CF_STATE, NodeStorage, StatsSnapshot, StorageOptions, StorageStats,
+    CF_LOG, CF_META, CF_STATE, FILE_DESCRIPTORS_BESIDES_TABLES_MAX, MAX_OPEN_FILES_DEFAULT,
+    NodeStorage, SNAPSHOT_FILES_PER_GROUP_MAX, StatsSnapshot, StorageOptions, StorageStats,
 };
 pub use runtime::{TenureRuntime, seed_raft_randomness};
 pub use state_machine::{GroupSnapshotBuilder, GroupStateMachine};

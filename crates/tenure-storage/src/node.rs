@@ -7,6 +7,13 @@
 //! started after its write returned, so success means durable. While one sync runs, new
 //! callbacks gather for the next: group commit without a timer.
 //!
+//! A failed sync is sticky. After a failed fsync the kernel may have dropped the pages it could
+//! not write and marked them clean, so a later sync can succeed without them ("fsyncgate"): from
+//! the first failure on, every later sync completes its callbacks with
+//! [`StoreError::SyncFailed`], every write is refused, and so every group on the node stops (an
+//! error from storage stops an openraft group) until the node restarts and RocksDB's recovery
+//! reads back what really reached the disk.
+//!
 //! On a [`MemoryDisk`] (a deterministic simulation) the same rules hold, but the flusher is a
 //! task on the caller's runtime, a sync takes the disk's latency on the runtime's clock, and work
 //! that would block runs inline: no thread of its own, so a simulation replays it exactly.
@@ -19,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use openraft::storage::IOFlushed;
-use rocksdb::{ColumnFamilyDescriptor, DB, Options};
+use rocksdb::{ColumnFamilyDescriptor, DB, DBRecoveryMode, Options};
 
 use crate::TenureRaft;
 use crate::backend::{Backend, Batch, MemoryDisk};
@@ -45,6 +52,36 @@ pub struct StorageOptions {
     /// Fault injection (a slow disk): microseconds added to every WAL sync, read at each sync
     /// so a test can change it while the store runs. Zero, the default, adds nothing.
     pub injected_sync_delay_us: Arc<AtomicU64>,
+    /// Most table files RocksDB keeps open at once ([`MAX_OPEN_FILES_DEFAULT`] unless set). It
+    /// bounds the store's file descriptors (see [`StorageOptions::file_descriptors_max`]) well
+    /// under the process's limit, so descriptors used up by sockets can never leave RocksDB
+    /// unable to open a table file (and a failed read or sync stop the node's groups). More open
+    /// tables than this are closed and reopened on demand (a table cache).
+    pub max_open_files: u32,
+}
+
+/// The default of [`StorageOptions::max_open_files`]: 1024 table files (at RocksDB's 64 MiB
+/// default target file size, 64 GiB of tables stay open; more are opened on demand).
+pub const MAX_OPEN_FILES_DEFAULT: u32 = 1024;
+
+/// File descriptors the store may hold besides table files: WAL files, MANIFEST, LOCK, the info
+/// log, directories opened to sync them, files being written by flushes and compactions.
+pub const FILE_DESCRIPTORS_BESIDES_TABLES_MAX: u64 = 64;
+
+/// Snapshot files one group may hold open at once: one being built or installed, and the
+/// current one being sent to a follower (openraft sends one at a time per follower; two spare).
+pub const SNAPSHOT_FILES_PER_GROUP_MAX: u64 = 4;
+
+impl StorageOptions {
+    /// An upper bound on the file descriptors the store holds with `groups` group replicas:
+    /// [`StorageOptions::max_open_files`] table files, [`FILE_DESCRIPTORS_BESIDES_TABLES_MAX`]
+    /// and [`SNAPSHOT_FILES_PER_GROUP_MAX`] per group. A node's start-up check compares it (plus
+    /// its sockets) with the process's descriptor limit.
+    pub fn file_descriptors_max(&self, groups: u32) -> u64 {
+        u64::from(self.max_open_files)
+            .saturating_add(FILE_DESCRIPTORS_BESIDES_TABLES_MAX)
+            .saturating_add(u64::from(groups).saturating_mul(SNAPSHOT_FILES_PER_GROUP_MAX))
+    }
 }
 
 impl Default for StorageOptions {
@@ -54,6 +91,7 @@ impl Default for StorageOptions {
             block_cache_bytes: 64 << 20,
             write_buffer_bytes: 64 << 20,
             injected_sync_delay_us: Arc::new(AtomicU64::new(0)),
+            max_open_files: MAX_OPEN_FILES_DEFAULT,
         }
     }
 }
@@ -104,9 +142,36 @@ pub(crate) struct Inner {
     /// Wakes the flusher task of a memory disk.
     flush_wakeup: tokio::sync::Notify,
     stopped: Mutex<HashMap<u32, String>>,
-    /// Set when a WAL sync fails: nothing pending can be called durable, so every group stops.
+    /// Set when a WAL sync fails: nothing written since can be called durable (a later sync may
+    /// succeed without the pages the failed one lost), so every later sync fails and every group
+    /// stops until the node restarts. Set and read under `sync_serial`.
     node_failure: Mutex<Option<String>>,
+    /// Held across every WAL sync (the flusher's and synced writes'), so none starts after a
+    /// failed one without seeing the failure.
+    sync_serial: Mutex<()>,
+    /// One snapshot operation (build or install) at a time per group: see `state_machine`.
+    snapshot_exclusion: Mutex<HashMap<u32, Arc<Mutex<()>>>>,
+    /// Numbers the snapshot operations, so each one's temporary file has a name of its own.
+    snapshot_ops: AtomicU64,
+    /// Test builds only: called at the [`TestStep`]s, to pause an operation or fail a sync.
+    #[cfg(test)]
+    test_hook: Mutex<Option<TestHook>>,
 }
+
+/// A point inside a storage operation where a test can pause it or make it fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TestStep {
+    /// A snapshot build has written its file and is about to make it current.
+    BuildWritten,
+    /// A snapshot install is about to wait for what it needs to make its snapshot current.
+    InstallWaits,
+    /// The flusher is about to sync the WAL (an `Err` from the hook fails the sync).
+    WalSync,
+}
+
+/// What a test runs at each [`TestStep`]; an `Err` is an injected failure of that step.
+#[cfg(test)]
+pub(crate) type TestHook = Arc<dyn Fn(TestStep) -> Result<(), String> + Send + Sync>;
 
 impl Inner {
     fn new(backend: Backend, data_dir: &Path, options: StorageOptions) -> Self {
@@ -120,7 +185,42 @@ impl Inner {
             flush_wakeup: tokio::sync::Notify::new(),
             stopped: Mutex::new(HashMap::new()),
             node_failure: Mutex::new(None),
+            sync_serial: Mutex::new(()),
+            snapshot_exclusion: Mutex::new(HashMap::new()),
+            snapshot_ops: AtomicU64::new(0),
+            #[cfg(test)]
+            test_hook: Mutex::new(None),
         }
+    }
+
+    /// The exclusion every snapshot build and install of `group` holds while it runs.
+    pub(crate) fn snapshot_exclusion(&self, group: u32) -> Arc<Mutex<()>> {
+        Arc::clone(lock(&self.snapshot_exclusion).entry(group).or_default())
+    }
+
+    /// A number no other snapshot operation of this store has.
+    pub(crate) fn next_snapshot_op(&self) -> u64 {
+        self.snapshot_ops.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Test builds only: runs `hook` at every [`TestStep`] from now on.
+    #[cfg(test)]
+    pub(crate) fn set_test_hook(&self, hook: TestHook) {
+        *lock(&self.test_hook) = Some(hook);
+    }
+
+    /// Runs the test hook at `step` (test builds only; elsewhere nothing happens).
+    #[allow(clippy::unnecessary_wraps)]
+    pub(crate) fn test_step(&self, step: TestStep) -> Result<(), String> {
+        #[cfg(test)]
+        {
+            let hook = lock(&self.test_hook).clone();
+            if let Some(hook) = hook {
+                return hook(step);
+            }
+        }
+        let _ = step;
+        Ok(())
     }
 }
 
@@ -134,12 +234,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Inner {
     /// Refuses work for a group that has stopped.
     pub(crate) fn check_group(&self, group: u32) -> Result<(), StoreError> {
-        if let Some(reason) = lock(&self.node_failure).as_ref() {
-            return Err(StoreError::GroupStopped {
-                group,
-                reason: reason.clone(),
-            });
-        }
+        self.check_syncs()?;
         match lock(&self.stopped).get(&group) {
             Some(reason) => Err(StoreError::GroupStopped {
                 group,
@@ -147,6 +242,36 @@ impl Inner {
             }),
             None => Ok(()),
         }
+    }
+
+    /// Refuses work after a failed WAL sync (sticky until the node restarts).
+    fn check_syncs(&self) -> Result<(), StoreError> {
+        match lock(&self.node_failure).as_ref() {
+            Some(first_failure) => Err(StoreError::SyncFailed {
+                first_failure: first_failure.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a failed WAL sync: from now on every sync and write fails.
+    fn fail_syncs(&self, detail: &str) {
+        tracing::error!(error = %detail, "WAL sync failed: every group on this node stops until it restarts");
+        lock(&self.node_failure).get_or_insert_with(|| format!("WAL sync failed: {detail}"));
+    }
+
+    /// Syncs the WAL for the flusher, unless an earlier sync failed.
+    fn sync_wal(&self) -> Result<(), SyncError> {
+        let _serial = lock(&self.sync_serial);
+        if let Some(first_failure) = lock(&self.node_failure).clone() {
+            return Err(SyncError::Earlier(first_failure));
+        }
+        self.test_step(TestStep::WalSync)
+            .and_then(|()| self.backend.sync())
+            .map_err(|detail| {
+                self.fail_syncs(&detail);
+                SyncError::Failed(detail)
+            })
     }
 
     /// Records that a group must stop serving, and returns the error for the caller.
@@ -185,11 +310,22 @@ impl Inner {
         operation: &'static str,
         sync: bool,
     ) -> Result<(), StoreError> {
-        // A memory disk's synced writes cost nothing: sleeping here would stop the simulation.
-        if sync && !self.backend.is_memory() {
-            self.injected_sync_delay();
+        // Unsynced writes also stop after a failed sync: they could only become durable through
+        // a later sync, and none is trusted any more.
+        self.check_syncs()?;
+        let _serial = sync.then(|| lock(&self.sync_serial));
+        if sync {
+            self.check_syncs()?;
+            // A memory disk's synced writes cost nothing: sleeping would stop the simulation.
+            if !self.backend.is_memory() {
+                self.injected_sync_delay();
+            }
         }
         self.backend.write(batch, sync).map_err(|detail| {
+            if sync {
+                // The write or its sync failed: either way the WAL can no longer be trusted.
+                self.fail_syncs(&detail);
+            }
             self.stop_group(
                 group,
                 StoreError::Io {
@@ -208,6 +344,10 @@ impl Inner {
         key: &[u8],
     ) -> Result<Option<Vec<u8>>, String> {
         self.backend.get(cf, key)
+    }
+
+    fn node_failure_text(&self) -> String {
+        lock(&self.node_failure).clone().unwrap_or_default()
     }
 
     /// Sleeps for the injected sync delay, if a test set one (a slow disk).
@@ -236,22 +376,22 @@ impl Inner {
     }
 
     /// Completes `batch` with the result of the sync that made it durable.
-    fn complete(&self, batch: Vec<IOFlushed<TenureRaft>>, result: Result<(), String>, micros: u64) {
-        if let Err(detail) = &result {
-            tracing::error!(error = %detail, "WAL sync failed: every group on this node stops");
-            lock(&self.node_failure).get_or_insert_with(|| format!("WAL sync failed: {detail}"));
+    fn complete(
+        &self,
+        batch: Vec<IOFlushed<TenureRaft>>,
+        result: Result<(), SyncError>,
+        micros: u64,
+    ) {
+        if !matches!(result, Err(SyncError::Earlier(_))) {
+            self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+            self.stats.fsync_micros.fetch_add(micros, Ordering::Relaxed);
         }
-        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        self.stats.fsync_micros.fetch_add(micros, Ordering::Relaxed);
         let completed = batch.len() as u64;
         for callback in batch {
-            callback.io_completed(result.clone().map_err(|detail| {
-                io::Error::from(StoreError::Io {
-                    group: u32::MAX,
-                    operation: "WAL sync",
-                    detail,
-                })
-            }));
+            callback.io_completed(match &result {
+                Ok(()) => Ok(()),
+                Err(err) => Err(io::Error::from(err.to_store_error())),
+            });
         }
         self.stats
             .callbacks_completed
@@ -275,9 +415,10 @@ impl Inner {
             }
             // Everything written before the callbacks were taken is in this sync.
             let result = if self.options.fsync {
-                self.backend.sync()
+                self.sync_wal()
             } else {
-                Ok(())
+                self.check_syncs()
+                    .map_err(|_| SyncError::Earlier(self.node_failure_text()))
             };
             self.complete(batch, result, delay_us);
         }
@@ -301,12 +442,36 @@ impl Inner {
             let started = std::time::Instant::now();
             let result = if self.options.fsync {
                 self.injected_sync_delay();
-                self.backend.sync()
+                self.sync_wal()
             } else {
-                Ok(())
+                self.check_syncs()
+                    .map_err(|_| SyncError::Earlier(self.node_failure_text()))
             };
             let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
             self.complete(batch, result, micros);
+        }
+    }
+}
+
+/// Why a flusher sync acknowledges nothing.
+enum SyncError {
+    /// This sync failed.
+    Failed(String),
+    /// An earlier sync failed (the first failure): this one did not run.
+    Earlier(String),
+}
+
+impl SyncError {
+    fn to_store_error(&self) -> StoreError {
+        match self {
+            SyncError::Failed(detail) => StoreError::Io {
+                group: u32::MAX,
+                operation: "WAL sync",
+                detail: detail.clone(),
+            },
+            SyncError::Earlier(first_failure) => StoreError::SyncFailed {
+                first_failure: first_failure.clone(),
+            },
         }
     }
 }
@@ -375,11 +540,34 @@ impl NodeStorage {
         db_options.create_missing_column_families(true);
         // Checksums on every block read, and paranoid checks when opening.
         db_options.set_paranoid_checks(true);
+        // Recovery replays the WAL and refuses to open if a record inside it is damaged; only an
+        // incomplete last record (a write torn by a crash, never synced, never acknowledged) is
+        // dropped. RocksDB's default (point in time) would instead stop replaying at the damage
+        // and silently drop every synced write after it, votes included: a replica that forgot
+        // its vote or acknowledged entries can elect a second leader or lose a commit. Absolute
+        // consistency would also refuse the torn tail every power loss can leave, so a node could
+        // not restart after an ordinary crash.
+        db_options.set_wal_recovery_mode(DBRecoveryMode::TolerateCorruptedTailRecords);
+        // Table files open at once: bounded, so that sockets cannot use up the descriptors
+        // RocksDB needs (see `StorageOptions::max_open_files`).
+        db_options.set_max_open_files(i32::try_from(options.max_open_files).unwrap_or(i32::MAX));
         let descriptors = [CF_LOG, CF_META, CF_STATE]
             .into_iter()
             .map(|name| ColumnFamilyDescriptor::new(name, cf_options()));
-        let db = DB::open_cf_descriptors(&db_options, data_dir.join("db"), descriptors)
-            .map_err(|err| open_error(err.to_string()))?;
+        let db = DB::open_cf_descriptors(&db_options, data_dir.join("db"), descriptors).map_err(
+            |err| {
+                if err.kind() == rocksdb::ErrorKind::Corruption {
+                    let err = StoreError::CorruptStore {
+                        path: data_dir.to_path_buf(),
+                        detail: err.to_string(),
+                    };
+                    tracing::error!(error = %err, "storage failure: the store is corrupt");
+                    err
+                } else {
+                    open_error(err.to_string())
+                }
+            },
+        )?;
         let inner = Arc::new(Inner::new(Backend::Rocks(db), data_dir, options));
         let flusher_inner = Arc::clone(&inner);
         let handle = std::thread::Builder::new()
@@ -479,4 +667,129 @@ where
 
 fn flusher_loop_entry(inner: Arc<Inner>) {
     inner.flusher_loop();
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use openraft::entry::RaftEntry;
+    use openraft::storage::RaftLogStorage;
+    use openraft::testing::log_id;
+    use openraft::type_config::TypeConfigExt;
+    use tempfile::TempDir;
+    use tenure_core::{Command, Entry};
+
+    use super::*;
+    use crate::LogEntry;
+
+    const WAIT: Duration = Duration::from_secs(20);
+
+    fn entry(index: u64) -> LogEntry {
+        LogEntry::new_normal(
+            log_id::<TenureRaft>(1, 0, index),
+            Entry {
+                log_time_ms: index,
+                command: Command::Expire { leases_max: 1 },
+            },
+        )
+    }
+
+    type Flushed =
+        openraft::type_config::alias::OneshotReceiverOf<TenureRaft, Result<(), io::Error>>;
+
+    async fn append(node: &NodeStorage, group: u32, index: u64) -> Flushed {
+        let (tx, rx) = TenureRaft::oneshot();
+        node.log_store(group)
+            .append([entry(index)], IOFlushed::signal(tx))
+            .await
+            .unwrap();
+        rx
+    }
+
+    async fn flushed(rx: Flushed) -> Result<(), io::Error> {
+        tokio::time::timeout(WAIT, rx)
+            .await
+            .expect("the flusher answers in time")
+            .expect("flusher alive")
+    }
+
+    /// fsyncgate: after a WAL sync fails, the kernel may have dropped the pages it could not
+    /// write, so a later sync can succeed without them. Group 2's append was written before the
+    /// failure but its callback waits for the next sync: that sync must not acknowledge it, and
+    /// nothing after it either, until the node restarts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_wal_sync_is_sticky_and_no_later_sync_acknowledges_anything() {
+        let dir = TempDir::new().unwrap();
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let syncs = AtomicU64::new(0);
+        node.shared.inner.set_test_hook(Arc::new(move |step| {
+            if step != TestStep::WalSync {
+                return Ok(());
+            }
+            if syncs.fetch_add(1, Ordering::Relaxed) == 0 {
+                let _ = events_tx.send(());
+                let _ = lock(&release_rx).recv_timeout(WAIT);
+                return Err("injected EIO".to_owned());
+            }
+            Ok(())
+        }));
+
+        let first = append(&node, 1, 1).await;
+        tokio::time::timeout(WAIT, events.recv())
+            .await
+            .expect("the first sync starts")
+            .unwrap();
+        // Written while the first sync runs: its callback waits for the next sync.
+        let second = append(&node, 2, 1).await;
+        release_tx.send(()).unwrap();
+
+        let first = flushed(first).await;
+        assert!(first.is_err(), "the failed sync acknowledged an append");
+        let second = flushed(second).await;
+        eprintln!("after a failed sync: first {first:?}; second {second:?}");
+        let second = second.expect_err("a sync after a failed one acknowledged an append");
+        assert!(
+            matches!(
+                StoreError::from_io(&second),
+                Some(StoreError::SyncFailed { .. })
+            ),
+            "{second}"
+        );
+
+        // Every later append and synced write is refused with the same typed error.
+        let (tx, _rx) = TenureRaft::oneshot();
+        let refused = node
+            .log_store(3)
+            .append([entry(1)], IOFlushed::signal(tx))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                StoreError::from_io(&refused),
+                Some(StoreError::SyncFailed { .. })
+            ),
+            "{refused}"
+        );
+        let vote = openraft::Vote::new(2, 1);
+        let refused = node.log_store(4).save_vote(&vote).await.unwrap_err();
+        assert!(
+            matches!(
+                StoreError::from_io(&refused),
+                Some(StoreError::SyncFailed { .. })
+            ),
+            "{refused}"
+        );
+        assert!(node.node_failure().is_some());
+
+        // A restart (reopening the store) is the way back.
+        drop(node);
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        flushed(append(&node, 3, 1).await).await.unwrap();
+    }
 }

@@ -9,6 +9,15 @@
 //! Snapshots use tenure-core's format, written and read as a stream straight to and from the file
 //! (never a second copy in memory). Building one holds the group's state lock while it writes, so
 //! apply pauses for that time (about a second per million leases on these machines).
+//!
+//! openraft builds snapshots in a task of their own, so a build can overlap an install of the
+//! leader's snapshot. Three rules keep the durable pointer naming a file that exists and a state
+//! at least as new as any acknowledged before: one snapshot operation at a time per group (an
+//! exclusion held by build, install and open from start to end); a pointer never replaced by an
+//! older one (a build with nothing newer to write answers with the current snapshot; an install
+//! not newer than the current snapshot, or a pointer older than the saved one, is refused); and
+//! temporary files named after the operation that writes them, which deletes its own on failure,
+//! while the clean-up of stale files runs only under the exclusion.
 
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom};
@@ -27,7 +36,7 @@ use crate::TenureRaft;
 use crate::backend::{Batch, Cf};
 use crate::codec::{self, STATE_SNAPSHOT};
 use crate::error::StoreError;
-use crate::node::{NodeStorage, Shared, blocking};
+use crate::node::{NodeStorage, Shared, TestStep, blocking};
 
 /// Where the current snapshot of a group is, as recorded in the state column family.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -97,22 +106,11 @@ impl GroupStateMachine {
             operation: "create snapshot dir",
             detail: err.to_string(),
         })?;
-        let pointer = inner
-            .get(Cf::State, &codec::tagged_key(group, STATE_SNAPSHOT))
-            .map_err(|detail| StoreError::Io {
-                group,
-                operation: "read snapshot pointer",
-                detail,
-            })?
-            .map(|bytes| {
-                codec::decode::<SnapshotPointer>(&bytes).map_err(|source| StoreError::Corrupt {
-                    group,
-                    what: "snapshot pointer".to_owned(),
-                    source,
-                })
-            })
-            .transpose()
-            .map_err(|err| inner.stop_group(group, err))?;
+        // Under the group's snapshot exclusion: no build or install of this group runs while the
+        // pointer is read and leftovers are cleared.
+        let exclusion = inner.snapshot_exclusion(group);
+        let _exclusive = lock_exclusion(&exclusion);
+        let pointer = read_pointer(inner, group).map_err(|err| inner.stop_group(group, err))?;
         let state = match pointer {
             None => MachineState {
                 leases: LeaseStateMachine::new(GroupId(group), options),
@@ -132,6 +130,8 @@ impl GroupStateMachine {
                 }
             }
         };
+        // Files a crash left behind: temporary files, and snapshots whose pointer was never saved.
+        remove_stale_except(&dir, state.current.as_ref().map(|p| p.file.as_str()));
         Ok(GroupStateMachine {
             shared,
             group,
@@ -169,9 +169,13 @@ impl GroupStateMachine {
         snapshot_dir(&self.shared.inner.data_dir, self.group)
     }
 
-    /// Writes the state to a new snapshot file and makes it current (blocking).
+    /// Writes the state to a new snapshot file and makes it current (blocking). Holds the
+    /// group's snapshot exclusion throughout, so no install runs meanwhile; if nothing was applied
+    /// since the current snapshot, that snapshot is the answer (the pointer never goes back).
     fn build_blocking(&self) -> Result<(SnapshotPointer, File), StoreError> {
         let inner = &self.shared.inner;
+        let exclusion = inner.snapshot_exclusion(self.group);
+        let _exclusive = lock_exclusion(&exclusion);
         inner.check_group(self.group)?;
         let dir = self.dir();
         let io_error = |operation: &'static str| {
@@ -183,16 +187,22 @@ impl GroupStateMachine {
             }
         };
         let mut state = lock(&self.state);
+        if let Some(current) = &state.current
+            && current.meta.last_log_id >= state.last_applied
+        {
+            // Nothing newer than the current snapshot: it is the answer.
+            let current = current.clone();
+            drop(state);
+            let file = File::open(dir.join(&current.file)).map_err(io_error("open snapshot"))?;
+            return Ok((current, file));
+        }
         let meta = SnapshotMetaOf::<TenureRaft> {
             last_log_id: state.last_applied,
             last_membership: state.membership.clone(),
         };
-        let stem = match &meta.last_log_id {
-            Some(id) => format!("snap-{:020}-{}", id.index(), id.committed_leader_id()),
-            None => "snap-none".to_owned(),
-        };
-        let temp = dir.join(format!("{stem}.tmp"));
-        let file = File::create(&temp).map_err(io_error("create snapshot"))?;
+        let stem = snapshot_stem(&meta);
+        let temp = TempFile::new(&dir, &stem, inner.next_snapshot_op(), "tmp");
+        let file = File::create(temp.path()).map_err(io_error("create snapshot"))?;
         let mut writer = BufWriter::with_capacity(1 << 20, file);
         let stats =
             state
@@ -200,16 +210,19 @@ impl GroupStateMachine {
                 .write_snapshot(&mut writer)
                 .map_err(|err| StoreError::Snapshot {
                     group: self.group,
-                    file: temp.display().to_string(),
+                    file: temp.path().display().to_string(),
                     detail: err.to_string(),
                 })?;
         let file = writer
             .into_inner()
             .map_err(|err| io_error("write snapshot")(err.into_error()))?;
         file.sync_all().map_err(io_error("sync snapshot"))?;
+        drop(file);
         let name = format!("{stem}.snap");
-        fs::rename(&temp, dir.join(&name)).map_err(io_error("rename snapshot"))?;
+        temp.rename_to(&dir.join(&name))
+            .map_err(io_error("rename snapshot"))?;
         fsync_dir(&dir).map_err(io_error("sync snapshot dir"))?;
+        let _ = inner.test_step(TestStep::BuildWritten);
         let pointer = SnapshotPointer {
             meta,
             file: name,
@@ -217,15 +230,30 @@ impl GroupStateMachine {
             checksum: stats.checksum,
         };
         self.save_pointer(&pointer)?;
-        let previous = state.current.replace(pointer.clone());
+        state.current = Some(pointer.clone());
         drop(state);
-        remove_stale(&dir, previous.as_ref(), &pointer);
+        remove_stale(&dir, &pointer);
         let file = File::open(dir.join(&pointer.file)).map_err(io_error("open snapshot"))?;
         Ok((pointer, file))
     }
 
+    /// Saves `pointer` as the group's durable snapshot pointer (synced). Refuses one older than
+    /// the pointer already saved: the durable applied position never goes backwards. Callers hold
+    /// the group's snapshot exclusion.
     fn save_pointer(&self, pointer: &SnapshotPointer) -> Result<(), StoreError> {
         let inner = &self.shared.inner;
+        if let Some(saved) = read_pointer(inner, self.group)?
+            && saved.meta.last_log_id > pointer.meta.last_log_id
+        {
+            return Err(StoreError::Snapshot {
+                group: self.group,
+                file: pointer.file.clone(),
+                detail: format!(
+                    "refusing to replace the saved snapshot pointer ({}) with an older one",
+                    saved.file
+                ),
+            });
+        }
         let bytes = codec::encode(pointer).map_err(|err| StoreError::Io {
             group: self.group,
             operation: "encode snapshot pointer",
@@ -241,13 +269,17 @@ impl GroupStateMachine {
     }
 
     /// Installs a snapshot received from the leader (blocking): copies it into this group's
-    /// directory, validates it completely, then makes it current and replaces the state.
+    /// directory, validates it completely, then makes it current and replaces the state. Holds
+    /// the group's snapshot exclusion throughout, so no build runs meanwhile.
     fn install_blocking(
         &self,
         meta: SnapshotMetaOf<TenureRaft>,
         mut incoming: File,
     ) -> Result<(), StoreError> {
         let inner = &self.shared.inner;
+        let _ = inner.test_step(TestStep::InstallWaits);
+        let exclusion = inner.snapshot_exclusion(self.group);
+        let _exclusive = lock_exclusion(&exclusion);
         inner.check_group(self.group)?;
         let dir = self.dir();
         let group = self.group;
@@ -258,28 +290,36 @@ impl GroupStateMachine {
                 detail: err.to_string(),
             }
         };
-        let stem = match &meta.last_log_id {
-            Some(id) => format!("snap-{:020}-{}", id.index(), id.committed_leader_id()),
-            None => "snap-none".to_owned(),
-        };
-        let temp = dir.join(format!("{stem}.installing"));
+        let current = lock(&self.state).current.clone();
+        if let Some(current) = current
+            && current.meta.last_log_id >= meta.last_log_id
+        {
+            // openraft installs only snapshots past what is committed here, so this is a
+            // confused caller; taking it would move the durable applied position back.
+            return Err(StoreError::Snapshot {
+                group,
+                file: snapshot_stem(&meta),
+                detail: format!(
+                    "refusing to install a snapshot not newer than the current one ({})",
+                    current.file
+                ),
+            });
+        }
+        let stem = snapshot_stem(&meta);
+        let temp = TempFile::new(&dir, &stem, inner.next_snapshot_op(), "installing");
         incoming
             .rewind()
             .map_err(io_error("rewind incoming snapshot"))?;
-        let mut file = File::create(&temp).map_err(io_error("create snapshot"))?;
+        let mut file = File::create(temp.path()).map_err(io_error("create snapshot"))?;
         let bytes = io::copy(&mut incoming, &mut file).map_err(io_error("copy snapshot"))?;
         file.sync_all().map_err(io_error("sync snapshot"))?;
         drop(file);
-        let leases = match read_snapshot_file(group, &temp, self.options, None) {
-            Ok(leases) => leases,
-            Err(err) => {
-                let _ = fs::remove_file(&temp);
-                // A bad incoming snapshot is the sender's problem; this group's data is intact.
-                return Err(err);
-            }
-        };
+        // A bad incoming snapshot is the sender's problem; this group's data is intact (the
+        // temporary file goes with `temp`).
+        let leases = read_snapshot_file(group, temp.path(), self.options, None)?;
         let name = format!("{stem}.snap");
-        fs::rename(&temp, dir.join(&name)).map_err(io_error("rename snapshot"))?;
+        temp.rename_to(&dir.join(&name))
+            .map_err(io_error("rename snapshot"))?;
         fsync_dir(&dir).map_err(io_error("sync snapshot dir"))?;
         let checksum =
             trailer_checksum(&dir.join(&name)).map_err(io_error("read snapshot checksum"))?;
@@ -294,27 +334,109 @@ impl GroupStateMachine {
         state.leases = leases;
         state.last_applied = meta.last_log_id;
         state.membership = meta.last_membership;
-        let previous = state.current.replace(pointer.clone());
+        state.current = Some(pointer.clone());
         drop(state);
-        remove_stale(&dir, previous.as_ref(), &pointer);
+        remove_stale(&dir, &pointer);
         Ok(())
     }
 }
 
-/// Deletes the previous snapshot file and leftovers of interrupted writes.
-fn remove_stale(dir: &Path, previous: Option<&SnapshotPointer>, current: &SnapshotPointer) {
-    if let Some(previous) = previous
-        && previous.file != current.file
-    {
-        let _ = fs::remove_file(dir.join(&previous.file));
+/// The file name stem of a snapshot: its last log id.
+fn snapshot_stem(meta: &SnapshotMetaOf<TenureRaft>) -> String {
+    match &meta.last_log_id {
+        Some(id) => format!("snap-{:020}-{}", id.index(), id.committed_leader_id()),
+        None => "snap-none".to_owned(),
     }
-    if let Ok(entries) = fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if name != current.file && (name.ends_with(".tmp") || name.ends_with(".installing")) {
-                let _ = fs::remove_file(entry.path());
+}
+
+/// Reads a group's durable snapshot pointer.
+fn read_pointer(
+    inner: &crate::node::Inner,
+    group: u32,
+) -> Result<Option<SnapshotPointer>, StoreError> {
+    inner
+        .get(Cf::State, &codec::tagged_key(group, STATE_SNAPSHOT))
+        .map_err(|detail| StoreError::Io {
+            group,
+            operation: "read snapshot pointer",
+            detail,
+        })?
+        .map(|bytes| {
+            codec::decode::<SnapshotPointer>(&bytes).map_err(|source| StoreError::Corrupt {
+                group,
+                what: "snapshot pointer".to_owned(),
+                source,
+            })
+        })
+        .transpose()
+}
+
+fn lock_exclusion(exclusion: &Mutex<()>) -> MutexGuard<'_, ()> {
+    exclusion
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A temporary snapshot file owned by one build or install: its name carries the operation's
+/// number, so no two operations ever write the same file, and it is deleted when the operation
+/// ends without renaming it into place.
+struct TempFile {
+    path: Option<PathBuf>,
+}
+
+impl TempFile {
+    fn new(dir: &Path, stem: &str, op: u64, suffix: &str) -> Self {
+        TempFile {
+            path: Some(dir.join(format!("{stem}.op{op}.{suffix}"))),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.path.as_deref().unwrap_or_else(|| Path::new(""))
+    }
+
+    /// Moves the file into place; from now on it is no longer temporary.
+    fn rename_to(mut self, target: &Path) -> io::Result<()> {
+        let Some(path) = self.path.take() else {
+            return Err(io::Error::other("temporary snapshot file already moved"));
+        };
+        match fs::rename(&path, target) {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                self.path = Some(path);
+                Err(err)
             }
+        }
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.take() {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// Deletes every snapshot file of the group but `current`, and leftovers of operations that a
+/// crash interrupted. Callers hold the group's snapshot exclusion, so no other build or install
+/// of the group is in flight in this process, and no other process has the data directory open
+/// (RocksDB's lock): no file deleted here belongs to a live operation.
+fn remove_stale(dir: &Path, current: &SnapshotPointer) {
+    remove_stale_except(dir, Some(current.file.as_str()));
+}
+
+fn remove_stale_except(dir: &Path, current: Option<&str>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ours = name.starts_with("snap-")
+            && (name.ends_with(".snap") || name.ends_with(".tmp") || name.ends_with(".installing"));
+        if ours && Some(name.as_ref()) != current {
+            let _ = fs::remove_file(entry.path());
         }
     }
 }
@@ -447,8 +569,10 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
         &mut self,
     ) -> Result<Option<SnapshotOf<TenureRaft, File>>, io::Error> {
         self.shared.inner.check_group(self.group)?;
-        let pointer = lock(&self.state).current.clone();
-        let Some(pointer) = pointer else {
+        // Opened under the state lock: a build or install replaces `current` under it and deletes
+        // the file it replaced only afterwards, so the file named here still exists.
+        let state = lock(&self.state);
+        let Some(pointer) = state.current.clone() else {
             return Ok(None);
         };
         let path = self.dir().join(&pointer.file);
@@ -457,9 +581,221 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
             file: path.display().to_string(),
             detail: err.to_string(),
         })?;
+        drop(state);
         Ok(Some(SnapshotOf::<TenureRaft, File> {
             meta: pointer.meta,
             snapshot: file,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use openraft::testing::log_id;
+    use tempfile::TempDir;
+    use tenure_core::{AcquireRequest, Command, Entry, LeaseOp, ResourceKey};
+
+    use super::*;
+    use crate::node::TestHook;
+    use crate::{LogEntry, StorageOptions};
+
+    const GROUP: u32 = 7;
+    const WAIT: Duration = Duration::from_secs(20);
+
+    fn entries(range: std::ops::RangeInclusive<u64>) -> Vec<LogEntry> {
+        range
+            .map(|i| {
+                LogEntry::new_normal(
+                    log_id::<TenureRaft>(1, 0, i),
+                    Entry {
+                        log_time_ms: 1_000 + i,
+                        command: Command::Lease(LeaseOp::Acquire(AcquireRequest {
+                            key: ResourceKey::new("acme", format!("r{i}")),
+                            holder_id: "holder".to_owned(),
+                            ttl_ms: 60_000,
+                            request_id: "q".to_owned(),
+                        })),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    async fn apply_all(machine: &mut GroupStateMachine, entries: Vec<LogEntry>) {
+        let stream = futures_util::stream::iter(entries.into_iter().map(|e| Ok((e, None))));
+        machine.apply(stream).await.unwrap();
+    }
+
+    /// Waits (bounded) for the next event a hook reported.
+    async fn next_event(events: &mut tokio::sync::mpsc::UnboundedReceiver<TestStep>) -> TestStep {
+        tokio::time::timeout(WAIT, events.recv())
+            .await
+            .expect("the operation reached its step in time")
+            .expect("hook alive")
+    }
+
+    /// Build and install overlap: the build has written its (older) snapshot and waits to make it
+    /// current while an install of a newer snapshot from the leader runs as far as it can. Then
+    /// the build goes on, both finish, and the replica restarts: it must come back with the
+    /// installed state, from a snapshot file that exists.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn snapshot_build_racing_install_does_not_strand_replica() {
+        let leader_dir = TempDir::new().unwrap();
+        let follower_dir = TempDir::new().unwrap();
+        // The leader's snapshot at index 40, which the follower will install.
+        let leader_node = NodeStorage::open(leader_dir.path(), StorageOptions::default()).unwrap();
+        let mut leader = leader_node
+            .state_machine(GROUP, StateOptions::default())
+            .unwrap();
+        apply_all(&mut leader, entries(1..=40)).await;
+        let incoming = leader
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let expected = leader.with_leases(LeaseStateMachine::snapshot_to_vec);
+
+        {
+            let node = NodeStorage::open(follower_dir.path(), StorageOptions::default()).unwrap();
+            let mut follower = node.state_machine(GROUP, StateOptions::default()).unwrap();
+            // An older snapshot of its own (index 5), then more applied entries (to 10).
+            apply_all(&mut follower, entries(1..=5)).await;
+            follower
+                .get_snapshot_builder()
+                .await
+                .build_snapshot()
+                .await
+                .unwrap();
+            apply_all(&mut follower, entries(6..=10)).await;
+
+            let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+            let (release_tx, release_rx) = mpsc::channel::<()>();
+            let release_rx = Mutex::new(release_rx);
+            let hook: TestHook = Arc::new(move |step| {
+                let _ = events_tx.send(step);
+                if step == TestStep::BuildWritten {
+                    // The build pauses here until the test lets it go on.
+                    let _ = lock_rx(&release_rx).recv_timeout(WAIT);
+                }
+                Ok(())
+            });
+            node.shared.inner.set_test_hook(hook);
+
+            let mut builder = follower.get_snapshot_builder().await;
+            let build = tokio::spawn(async move { builder.build_snapshot().await });
+            assert_eq!(next_event(&mut events).await, TestStep::BuildWritten);
+
+            let mut installer = follower.clone();
+            let meta = incoming.meta.clone();
+            let install =
+                tokio::spawn(
+                    async move { installer.install_snapshot(&meta, incoming.snapshot).await },
+                );
+            assert_eq!(next_event(&mut events).await, TestStep::InstallWaits);
+            release_tx.send(()).unwrap();
+
+            let built = tokio::time::timeout(WAIT, build).await.unwrap().unwrap();
+            let installed = tokio::time::timeout(WAIT, install).await.unwrap().unwrap();
+            eprintln!(
+                "build: {:?}; install: {:?}",
+                built.as_ref().map(|s| s.meta.last_log_id),
+                installed
+            );
+            installed.unwrap();
+            assert_eq!(
+                follower.last_applied().map(|id| id.index()),
+                Some(40),
+                "the installed snapshot is the state"
+            );
+        }
+
+        // Restart the replica.
+        let node = NodeStorage::open(follower_dir.path(), StorageOptions::default()).unwrap();
+        let follower = match node.state_machine(GROUP, StateOptions::default()) {
+            Ok(follower) => follower,
+            Err(err) => panic!("the replica is stranded at restart: {err}"),
+        };
+        assert_eq!(
+            follower.last_applied().map(|id| id.index()),
+            Some(40),
+            "the durable snapshot pointer went backwards"
+        );
+        assert_eq!(
+            follower.with_leases(LeaseStateMachine::snapshot_to_vec),
+            expected
+        );
+    }
+
+    fn snapshot_files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir.join(format!("snapshots/group-{GROUP:05}")))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_install_and_a_crash_leave_no_snapshot_files_behind() {
+        let dir = TempDir::new().unwrap();
+        let current = {
+            let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+            let mut machine = node.state_machine(GROUP, StateOptions::default()).unwrap();
+            apply_all(&mut machine, entries(1..=3)).await;
+            machine
+                .get_snapshot_builder()
+                .await
+                .build_snapshot()
+                .await
+                .unwrap();
+            let current = snapshot_files(dir.path());
+            assert_eq!(current.len(), 1, "{current:?}");
+            // Nothing applied since: a second build answers with the same snapshot.
+            let again = machine
+                .get_snapshot_builder()
+                .await
+                .build_snapshot()
+                .await
+                .unwrap();
+            assert_eq!(again.meta.last_log_id.map(|id| id.index()), Some(3));
+            assert_eq!(snapshot_files(dir.path()), current);
+
+            // A damaged snapshot from the leader is refused; its temporary copy goes with it.
+            let mut garbage = tempfile::tempfile().unwrap();
+            io::Write::write_all(&mut garbage, b"not a snapshot").unwrap();
+            let meta = SnapshotMetaOf::<TenureRaft> {
+                last_log_id: Some(log_id::<TenureRaft>(1, 0, 10)),
+                last_membership: StoredMembershipOf::<TenureRaft>::default(),
+            };
+            machine.install_snapshot(&meta, garbage).await.unwrap_err();
+            assert_eq!(snapshot_files(dir.path()), current);
+            current
+        };
+        // What a crash can leave: temporary files of interrupted operations and a snapshot
+        // renamed into place whose pointer was never saved.
+        let group_dir = dir.path().join(format!("snapshots/group-{GROUP:05}"));
+        for leftover in [
+            "snap-00000000000000000009-1-0.op4.tmp",
+            "snap-00000000000000000010-1-0.op5.installing",
+            "snap-00000000000000000009-1-0.snap",
+            "snap-00000000000000000003-1-0.tmp",
+        ] {
+            fs::write(group_dir.join(leftover), b"left over").unwrap();
+        }
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        let machine = node.state_machine(GROUP, StateOptions::default()).unwrap();
+        assert_eq!(machine.last_applied().map(|id| id.index()), Some(3));
+        assert_eq!(snapshot_files(dir.path()), current);
+    }
+
+    fn lock_rx<T>(rx: &Mutex<mpsc::Receiver<T>>) -> MutexGuard<'_, mpsc::Receiver<T>> {
+        rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

@@ -404,3 +404,96 @@ async fn a_memory_disk_keeps_acknowledged_appends_and_votes_across_a_crash_and_l
     // Every acknowledged append survives; the unacknowledged batch survives whole or not at all.
     assert_eq!(survived.len(), 5 + 3 * loss.kept_batches, "{loss:?}");
 }
+
+/// The write-ahead log files of a closed store, largest first.
+fn wal_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("db"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .map(|e| (e.metadata().unwrap().len(), e.path()))
+        .collect();
+    files.sort();
+    files.into_iter().rev().map(|(_, path)| path).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mid_wal_corruption_refuses_to_open_instead_of_dropping_synced_writes() {
+    let dir = TempDir::new().unwrap();
+    let vote = openraft::Vote::new(5, 2);
+    {
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        let mut store = node.log_store(6);
+        // One WAL record per append, every one synced and acknowledged, then a synced vote.
+        for index in 1..=40 {
+            append_durably(&mut store, expire_entries(index..index + 1)).await;
+        }
+        store.save_vote(&vote).await.unwrap();
+    }
+    let wal = wal_files(dir.path())
+        .into_iter()
+        .next()
+        .expect("a WAL file");
+    let mut bytes = std::fs::read(&wal).unwrap();
+    let middle = bytes.len() / 2;
+    for byte in &mut bytes[middle..middle + 8] {
+        *byte ^= 0xff;
+    }
+    std::fs::write(&wal, &bytes).unwrap();
+
+    match NodeStorage::open(dir.path(), StorageOptions::default()) {
+        Err(err) => {
+            eprintln!("refused: {err}");
+            assert!(
+                matches!(err, StoreError::CorruptStore { .. }),
+                "expected the typed corruption error, got {err}"
+            );
+            assert!(err.is_corruption());
+            assert!(err.to_string().contains("ops/runbooks/StorageCorrupt.md"));
+        }
+        Ok(node) => {
+            let mut store = node.log_store(6);
+            let survived = store.try_get_log_entries(1..=40).await.unwrap().len();
+            let vote = store.read_vote().await.unwrap();
+            panic!(
+                "opened a store with a corrupt WAL: {survived} of 40 synced entries survived, vote {vote:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_wal_tail_from_a_crash_still_opens_with_every_synced_write() {
+    let dir = TempDir::new().unwrap();
+    let vote = openraft::Vote::new(5, 2);
+    {
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        let mut store = node.log_store(6);
+        for index in 1..=20 {
+            append_durably(&mut store, expire_entries(index..index + 1)).await;
+        }
+        store.save_vote(&vote).await.unwrap();
+        // The last record: never acknowledged, torn by the "crash" below.
+        store
+            .append(expire_entries(21..22), IOFlushed::noop())
+            .await
+            .unwrap();
+    }
+    let wal = wal_files(dir.path())
+        .into_iter()
+        .next()
+        .expect("a WAL file");
+    let len = std::fs::metadata(&wal).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&wal)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+
+    let node = NodeStorage::open(dir.path(), StorageOptions::default())
+        .expect("an incomplete last record is what a crash leaves: the store opens");
+    let mut store = node.log_store(6);
+    assert_eq!(store.try_get_log_entries(1..=21).await.unwrap().len(), 20);
+    assert_eq!(store.read_vote().await.unwrap(), Some(vote));
+}
