@@ -171,6 +171,19 @@ pub struct LimitsConfig {
     pub request_timeout_ms: u64,
     /// Largest HTTP request body, in bytes. Default 65,536.
     pub http_body_bytes_max: usize,
+    /// Concurrent HTTP connections at most; beyond it a new connection gets a `503` and is
+    /// closed at once. Counted in the startup check of the descriptor limit. Default 4,096.
+    pub http_connections_max: u32,
+    /// Concurrent HTTP connections from one source IP address at most (at most
+    /// `http_connections_max`). Default 1,024.
+    pub http_connections_per_source_max: u32,
+    /// Longest wait for a complete request header, in milliseconds, counted from the moment the
+    /// connection waits for a request (so it is also the keep-alive idle timeout). Default
+    /// 10,000.
+    pub http_header_read_timeout_ms: u64,
+    /// Longest time a request body may take to arrive, and a response write may stall, in
+    /// milliseconds. Default 10,000.
+    pub http_body_read_timeout_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -186,6 +199,10 @@ impl Default for LimitsConfig {
             group_queue_ops_max: 16_384,
             request_timeout_ms: 5_000,
             http_body_bytes_max: 65_536,
+            http_connections_max: 4_096,
+            http_connections_per_source_max: 1_024,
+            http_header_read_timeout_ms: 10_000,
+            http_body_read_timeout_ms: 10_000,
         }
     }
 }
@@ -806,6 +823,28 @@ impl ServerConfig {
         positive_u64(
             "limits.http_body_bytes_max",
             u64::try_from(l.http_body_bytes_max).unwrap_or(u64::MAX),
+        )?;
+        positive_u32("limits.http_connections_max", l.http_connections_max)?;
+        positive_u32(
+            "limits.http_connections_per_source_max",
+            l.http_connections_per_source_max,
+        )?;
+        if l.http_connections_per_source_max > l.http_connections_max {
+            return Err(ConfigError::invalid(
+                "limits.http_connections_per_source_max",
+                format!(
+                    "must be at most limits.http_connections_max ({}), got {}",
+                    l.http_connections_max, l.http_connections_per_source_max
+                ),
+            ));
+        }
+        positive_u64(
+            "limits.http_header_read_timeout_ms",
+            l.http_header_read_timeout_ms,
+        )?;
+        positive_u64(
+            "limits.http_body_read_timeout_ms",
+            l.http_body_read_timeout_ms,
         )?;
         Ok(())
     }
