@@ -2155,12 +2155,10 @@ mod tests {
             .collect();
         assert_eq!(
             principals,
-            [
-                Principal {
-                    principal_id: "alice".into(),
-                    tenant_id: "acme".into()
-                },
-            ]
+            [Principal {
+                principal_id: "alice".into(),
+                tenant_id: "acme".into()
+            },]
         );
         harness.shutdown().await;
     }

@@ -75,7 +75,11 @@ async fn closed_before(stream: &mut TcpStream, deadline: Instant) -> bool {
 
 /// Trickles `line` every 300 ms until the node closes the connection or `bound` passes;
 /// returns how long the connection stayed open, `None` if still open at `bound`.
-async fn trickle_until_closed(stream: &mut TcpStream, line: &[u8], bound: Duration) -> Option<Duration> {
+async fn trickle_until_closed(
+    stream: &mut TcpStream,
+    line: &[u8],
+    bound: Duration,
+) -> Option<Duration> {
     let started = Instant::now();
     loop {
         let step = Instant::now() + Duration::from_millis(300);
@@ -133,14 +137,21 @@ async fn http_slowloris_partial_header_is_closed_within_the_timeout() {
     let bound = BODY_TIMEOUT + CLOSE_SLACK;
     let open_for = trickle_until_closed(&mut slow_body, b" ", bound).await;
     let Some(open_for) = open_for else {
-        panic!("slow body: the connection is still open after {bound:?} (body read timeout {BODY_TIMEOUT:?})");
+        panic!(
+            "slow body: the connection is still open after {bound:?} (body read timeout {BODY_TIMEOUT:?})"
+        );
     };
     println!("slowloris body: closed after {open_for:?} (timeout {BODY_TIMEOUT:?})");
 
     // The node still serves.
-    let (status, _, _) = http_request("GET", &format!("{}/healthz", cluster.http_url(1)), &[], None)
-        .await
-        .unwrap();
+    let (status, _, _) = http_request(
+        "GET",
+        &format!("{}/healthz", cluster.http_url(1)),
+        &[],
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(status, 200);
 }
 
@@ -263,7 +274,13 @@ async fn http_idle_connection_flood_does_not_exhaust_descriptors() {
         }
         let quic = tokio::time::timeout(
             Duration::from_secs(3),
-            client.acquire(TENANT, &format!("quic-{round}"), "w", 30_000, &format!("q{round}")),
+            client.acquire(
+                TENANT,
+                &format!("quic-{round}"),
+                "w",
+                30_000,
+                &format!("q{round}"),
+            ),
         )
         .await;
         match quic {
@@ -293,7 +310,10 @@ async fn http_idle_connection_flood_does_not_exhaust_descriptors() {
         failures.is_empty(),
         "the workload failed during the idle flood: {failures:?}"
     );
-    assert!(http_ok >= 5 && quic_ok >= 5, "too few writes: http {http_ok}, quic {quic_ok}");
+    assert!(
+        http_ok >= 5 && quic_ok >= 5,
+        "too few writes: http {http_ok}, quic {quic_ok}"
+    );
     assert!(
         (max_fds as u64) < NOFILE - 256,
         "the node used {max_fds} descriptors of {NOFILE}"

@@ -476,8 +476,10 @@ async fn tenure_v1_documented_examples_field_by_field() {
             "POST",
             "/v1/leases/acquire",
             me,
-            Some(json!({"tenant_id": TENANT, "resource_id": "r", "holder_id": "h",
-                        "request_id": "bad-1"})),
+            Some(
+                json!({"tenant_id": TENANT, "resource_id": "r", "holder_id": "h",
+                        "request_id": "bad-1"}),
+            ),
             400,
             error("INVALID_ARGUMENT"),
         ),
@@ -506,10 +508,9 @@ async fn tenure_v1_documented_examples_field_by_field() {
             .body
             .as_ref()
             .map(|body| serde_json::to_vec(&substitute(body, &vars)).unwrap());
-        let (status, _, bytes) =
-            http_request(case.method, &format!("{url}{path}"), &headers, body)
-                .await
-                .unwrap_or_else(|error| panic!("{}: {error}", case.name));
+        let (status, _, bytes) = http_request(case.method, &format!("{url}{path}"), &headers, body)
+            .await
+            .unwrap_or_else(|error| panic!("{}: {error}", case.name));
         let answer: Value = serde_json::from_slice(&bytes).unwrap_or_else(|error| {
             panic!(
                 "{}: answer is not JSON ({error}): {}",

@@ -160,7 +160,10 @@ fn start_cluster() -> anyhow::Result<OwnCluster> {
     };
     config.validate().context("the node's configuration")?;
     let config_path = dir.path().join("tenure.toml");
-    std::fs::write(&config_path, config.to_toml().context("configuration as TOML")?)?;
+    std::fs::write(
+        &config_path,
+        config.to_toml().context("configuration as TOML")?,
+    )?;
     let cluster_file = dir.path().join("cluster.json");
     let json = serde_json::json!({
         "nodes": [{"id": 1, "client": addr.to_string(), "http": format!("http://{http_addr}")}],

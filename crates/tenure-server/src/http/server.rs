@@ -338,10 +338,7 @@ impl AsyncWrite for StallIo {
         self.after_write(cx, polled)
     }
 
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let polled = Pin::new(&mut self.stream).poll_shutdown(cx);
         self.after_write(cx, polled)
     }
@@ -376,7 +373,10 @@ mod tests {
         let _third = gate.admit(b).unwrap();
         assert!(gate.admit(b).is_none(), "total cap");
         drop(first);
-        assert!(gate.admit(b).is_some(), "a closed connection frees its place");
+        assert!(
+            gate.admit(b).is_some(),
+            "a closed connection frees its place"
+        );
     }
 
     #[test]
