@@ -193,11 +193,11 @@ async fn idle_flood(
                     if stop.load(Ordering::Relaxed) {
                         return;
                     }
-                    match tokio::time::timeout(Duration::from_millis(200), stream.read(&mut buf))
-                        .await
-                    {
-                        Ok(Ok(0) | Err(_)) => break,
-                        Ok(Ok(_)) | Err(_) => {}
+                    let read =
+                        tokio::time::timeout(Duration::from_millis(200), stream.read(&mut buf))
+                            .await;
+                    if let Ok(Ok(0) | Err(_)) = read {
+                        break;
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
