@@ -199,6 +199,19 @@ pub struct LimitsConfig {
     /// maxima x worst bytes per record) exceeds it. Default 12 GiB (12,884,901,888), half of the
     /// 24 GiB reference machine.
     pub node_memory_budget_bytes: u64,
+    /// Concurrent HTTP connections at most; beyond it a new connection gets a `503` and is
+    /// closed at once. Counted in the startup check of the descriptor limit. Default 4,096.
+    pub http_connections_max: u32,
+    /// Concurrent HTTP connections from one source IP address at most (at most
+    /// `http_connections_max`). Default 1,024.
+    pub http_connections_per_source_max: u32,
+    /// Longest wait for a complete request header, in milliseconds, counted from the moment the
+    /// connection waits for a request (so it is also the keep-alive idle timeout). Default
+    /// 10,000.
+    pub http_header_read_timeout_ms: u64,
+    /// Longest time a request body may take to arrive, and a response write may stall, in
+    /// milliseconds. Default 10,000.
+    pub http_body_read_timeout_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -221,6 +234,10 @@ impl Default for LimitsConfig {
             group_dedup_records_max: 0,
             group_tenants_max: 0,
             node_memory_budget_bytes: tenure_core::NODE_STATE_BYTES_DEFAULT,
+            http_connections_max: 4_096,
+            http_connections_per_source_max: 1_024,
+            http_header_read_timeout_ms: 10_000,
+            http_body_read_timeout_ms: 10_000,
         }
     }
 }
@@ -1008,6 +1025,28 @@ impl ServerConfig {
             l.node_memory_budget_bytes,
         )?;
         self.state_memory_plan()?;
+        positive_u32("limits.http_connections_max", l.http_connections_max)?;
+        positive_u32(
+            "limits.http_connections_per_source_max",
+            l.http_connections_per_source_max,
+        )?;
+        if l.http_connections_per_source_max > l.http_connections_max {
+            return Err(ConfigError::invalid(
+                "limits.http_connections_per_source_max",
+                format!(
+                    "must be at most limits.http_connections_max ({}), got {}",
+                    l.http_connections_max, l.http_connections_per_source_max
+                ),
+            ));
+        }
+        positive_u64(
+            "limits.http_header_read_timeout_ms",
+            l.http_header_read_timeout_ms,
+        )?;
+        positive_u64(
+            "limits.http_body_read_timeout_ms",
+            l.http_body_read_timeout_ms,
+        )?;
         Ok(())
     }
 

@@ -23,6 +23,9 @@ pub enum ServerError {
     /// Raft refused something at start.
     #[error("raft: {0}")]
     Raft(String),
+    /// The process's descriptor limit cannot hold what the node may open.
+    #[error("descriptor limit: {0}")]
+    DescriptorLimit(String),
     /// An I/O operation failed.
     #[error("{context}: {source}")]
     Io {

@@ -46,18 +46,17 @@
 //! A tenant's leases are spread over all groups, and the native List is per group. The gateway
 //! walks groups `0..groups` in order, filling the page from each group's native pages. Its
 //! `next_page_token` is `g<group>:<inner>`: the group (decimal) to continue in and that group's
-//! own page token (empty to start the group from its beginning); `null` when the listing is
-//! complete. A page may hold fewer than `page_size` leases (even none) while the token is not
-//! null. At most [`LIST_GROUP_CALLS_MAX`] per-group calls are made per request.
+//! own page token (empty to start the group from its beginning); `""` when the listing is
+//! complete (as Tenure). A page may hold fewer than `page_size` leases (even none) while the
+//! token is not empty. `filter_status` is `ANY` (or absent), `ACTIVE`, `EXPIRED` or `RELEASED`. At most [`LIST_GROUP_CALLS_MAX`] per-group calls are made per request.
 //!
 //! # Authentication
 //!
 //! `Authorization: Bearer <token>` is resolved by the service's authenticator. With a token, a
 //! `X-Tenure-Principal-Tenant` header, if present, must name the token's tenant (else
 //! `FORBIDDEN`); `X-Tenure-Principal-Id` is ignored. Without a token the principal headers are
-//! trusted only in insecure development mode (`X-Tenure-Principal-Tenant` required,
-//! `X-Tenure-Principal-Id` optional, default [`DEV_PRINCIPAL_ID`]); otherwise the answer is
-//! `UNAUTHORIZED`. A principal may only touch its own tenant (`FORBIDDEN`). Health, readiness,
+//! trusted only in insecure development mode, where both are required and non-empty, as Tenure
+//! requires them; otherwise the answer is `UNAUTHORIZED`. A principal may only touch its own tenant (`FORBIDDEN`). Health, readiness,
 //! metrics and the OpenAPI document need no credentials.
 //!
 //! # Errors
@@ -86,7 +85,6 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -101,6 +99,10 @@ use tenure_proto::client::{
 use crate::auth;
 use crate::fault_control::{FaultControls, FaultSettings};
 use crate::service::{Readiness, RequestContext, Service};
+
+mod server;
+
+pub use server::{ServerLimits, StallIo, serve_router};
 
 /// `POST`: acquire a lease.
 pub const ACQUIRE_PATH: &str = "/v1/leases/acquire";
@@ -148,8 +150,6 @@ pub const PRINCIPAL_ID_HEADER: &str = "x-tenure-principal-id";
 pub const PRINCIPAL_TENANT_HEADER: &str = "x-tenure-principal-tenant";
 /// Header lowering the request timeout, in milliseconds.
 pub const TIMEOUT_HEADER: &str = "x-tenure-timeout-ms";
-/// Principal id used in insecure development mode when `X-Tenure-Principal-Id` is absent.
-pub const DEV_PRINCIPAL_ID: &str = "insecure-dev";
 
 /// List page size when the query gives none.
 pub const LIST_PAGE_SIZE_DEFAULT: u32 = 100;
@@ -172,12 +172,14 @@ pub fn http_status(code: ErrorCode) -> StatusCode {
         ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
         ErrorCode::Forbidden => StatusCode::FORBIDDEN,
         ErrorCode::NotFound => StatusCode::NOT_FOUND,
-        ErrorCode::AlreadyHeld | ErrorCode::LeaseMismatch => StatusCode::CONFLICT,
-        ErrorCode::LeaseExpired => StatusCode::GONE,
-        ErrorCode::QuotaExceeded | ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-        ErrorCode::Overloaded | ErrorCode::NotLeader | ErrorCode::Unavailable => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        // Tenure answers every ownership conflict, a quota refusal and NOT_LEADER with 409.
+        ErrorCode::AlreadyHeld
+        | ErrorCode::LeaseMismatch
+        | ErrorCode::LeaseExpired
+        | ErrorCode::QuotaExceeded
+        | ErrorCode::NotLeader => StatusCode::CONFLICT,
+        ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        ErrorCode::Overloaded | ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -188,28 +190,15 @@ pub fn router(service: Service) -> Router {
 }
 
 /// Serves [`router`] on `listener` until `shutdown` completes, then finishes the requests in
-/// flight and returns.
+/// flight and returns. The connection caps and timeouts come from the node's `[limits]`
+/// ([`ServerLimits::from_config`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: Service,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_router(listener, router(service), shutdown).await
-}
-
-async fn serve_router(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let listener = listener.tap_io(|stream| {
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::trace!(%error, "http: cannot set TCP_NODELAY");
-        }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = ServerLimits::from_config(&service.inner.config.limits);
+    serve_router(listener, router(service), limits, shutdown).await
 }
 
 /// What the gateway needs of the node: [`Service`] in production, a fake in unit tests.
@@ -227,6 +216,7 @@ trait Backend: Send + Sync + 'static {
     fn render_metrics(&self) -> String;
     fn request_timeout(&self) -> Duration;
     fn http_body_bytes_max(&self) -> usize;
+    fn http_body_read_timeout(&self) -> Duration;
     fn node_id(&self) -> u64;
     fn fault_controls(&self) -> Option<Arc<FaultControls>>;
 }
@@ -262,6 +252,10 @@ impl Backend for Service {
 
     fn http_body_bytes_max(&self) -> usize {
         Service::http_body_bytes_max(self)
+    }
+
+    fn http_body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.inner.config.limits.http_body_read_timeout_ms)
     }
 
     fn node_id(&self) -> u64 {
@@ -552,17 +546,15 @@ fn authenticate(headers: &HeaderMap, backend: &dyn Backend) -> Result<Principal,
         return Ok(principal);
     }
     if backend.insecure_dev_mode() {
-        return match claimed_tenant {
-            Some(tenant) if !tenant.is_empty() => Ok(Principal {
-                principal_id: claimed_id
-                    .filter(|id| !id.is_empty())
-                    .unwrap_or(DEV_PRINCIPAL_ID)
-                    .to_owned(),
+        // As Tenure: both headers, non-empty, or UNAUTHORIZED.
+        return match (claimed_id, claimed_tenant) {
+            (Some(id), Some(tenant)) if !id.is_empty() && !tenant.is_empty() => Ok(Principal {
+                principal_id: id.to_owned(),
                 tenant_id: tenant.to_owned(),
             }),
             _ => Err(unauthorized(
                 "no credentials: send `Authorization: Bearer <token>`, or (insecure development \
-                 mode) an X-Tenure-Principal-Tenant header and optionally X-Tenure-Principal-Id",
+                 mode) both headers X-Tenure-Principal-Id and X-Tenure-Principal-Tenant",
             )),
         };
     }
@@ -603,7 +595,8 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(req, state).await {
+        let read = axum::Json::<T>::from_request(req, state);
+        match with_body_timeout(state, read).await? {
             Ok(axum::Json(value)) => Ok(JsonBody(value)),
             Err(rejection) => Err(json_rejection(
                 &rejection,
@@ -611,6 +604,44 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             )),
         }
     }
+}
+
+/// A request body, read within the body read timeout.
+struct BodyBytes(axum::body::Bytes);
+
+impl FromRequest<AppState> for BodyBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let read = axum::body::Bytes::from_request(req, state);
+        match with_body_timeout(state, read).await? {
+            Ok(bytes) => Ok(BodyBytes(bytes)),
+            Err(rejection) => Err(ApiError::with_status(
+                rejection.status(),
+                ErrorCode::InvalidArgument,
+                format!("reading the request body: {}", rejection.body_text()),
+            )),
+        }
+    }
+}
+
+/// Runs a body read, bounded by the body read timeout (`408`, and hyper closes the connection
+/// since the body was not read to its end).
+async fn with_body_timeout<T>(
+    state: &AppState,
+    read: impl Future<Output = T>,
+) -> Result<T, ApiError> {
+    let limit = state.backend().http_body_read_timeout();
+    tokio::time::timeout(limit, read).await.map_err(|_| {
+        ApiError::with_status(
+            StatusCode::REQUEST_TIMEOUT,
+            ErrorCode::InvalidArgument,
+            format!(
+                "the request body did not arrive within {} ms",
+                limit.as_millis()
+            ),
+        )
+    })
 }
 
 fn json_rejection(rejection: &JsonRejection, body_bytes_max: usize) -> ApiError {
@@ -766,7 +797,8 @@ struct LeaseJson {
 #[derive(Serialize)]
 struct GetJson {
     found: bool,
-    lease: Option<LeaseJson>,
+    /// For a resource without a lease record: Tenure's absent view (status `ABSENT`).
+    lease: LeaseJson,
     stale: bool,
     group_id: u32,
     log_time_ms: u64,
@@ -775,7 +807,8 @@ struct GetJson {
 #[derive(Serialize)]
 struct ListJson {
     leases: Vec<LeaseJson>,
-    next_page_token: Option<String>,
+    /// `""` when the listing is complete (as Tenure).
+    next_page_token: String,
 }
 
 fn grant_json(
@@ -833,11 +866,44 @@ fn lease_json(view: LeaseView, arrived: SystemTime, log_time_ms: Option<u64>) ->
         status: view.status.as_str(),
         expiry_time: rfc3339_millis(expiry),
         fencing_token: view.fencing_token,
-        version: view.version,
+        version: record_version(view.fencing_token, view.version),
         ttl_ms: view.ttl_ms,
         remaining_ttl_ms: view.remaining_ttl_ms,
         expires_at_log_ms: view.expires_at_ms,
     }
+}
+
+/// Tenure's view of a resource that has no lease record: its key, status `ABSENT`, empty lease id,
+/// holder and expiry time, zero fencing token and version.
+fn absent_lease_json(key: &ResourceKey) -> LeaseJson {
+    LeaseJson {
+        tenant_id: key.tenant_id.clone(),
+        resource_id: key.resource_id.clone(),
+        lease_id: String::new(),
+        holder_id: String::new(),
+        status: LeaseStatus::Absent.as_str(),
+        expiry_time: String::new(),
+        fencing_token: 0,
+        version: 0,
+        ttl_ms: 0,
+        remaining_ttl_ms: 0,
+        expires_at_log_ms: 0,
+    }
+}
+
+/// The record version Tenure clients see: it only increases along a resource's life, across
+/// grants (Tenure's "monotonic state-machine version for the record"). The native view counts
+/// the changes of one lease (1 at grant, +1 per renewal and for the release), and a new grant
+/// has a larger fencing token than every earlier grant of the resource, even after its old
+/// record was garbage-collected or moved; so the token in the high 32 bits and the per-lease
+/// count in the low 32 bits order every change of the resource. (Exact while tokens stay below
+/// 2^32; beyond that the value saturates.)
+fn record_version(fencing_token: u64, lease_version: u64) -> u64 {
+    let changes = lease_version.min(u64::from(u32::MAX));
+    fencing_token
+        .checked_mul(1 << 32)
+        .and_then(|high| high.checked_add(changes))
+        .unwrap_or(u64::MAX)
 }
 
 fn add_ms(time: SystemTime, ms: u64) -> SystemTime {
@@ -982,6 +1048,9 @@ fn parse_status_filter(text: Option<&str>) -> Result<Option<LeaseStatus>, ApiErr
     let Some(text) = text.map(str::trim).filter(|text| !text.is_empty()) else {
         return Ok(None);
     };
+    if text.eq_ignore_ascii_case("ANY") {
+        return Ok(None);
+    }
     [
         LeaseStatus::Active,
         LeaseStatus::Expired,
@@ -992,7 +1061,7 @@ fn parse_status_filter(text: Option<&str>) -> Result<Option<LeaseStatus>, ApiErr
     .map(Some)
     .ok_or_else(|| {
         invalid(format!(
-            "filter_status must be ACTIVE, EXPIRED or RELEASED, not {text:?}"
+            "filter_status must be ANY, ACTIVE, EXPIRED or RELEASED, not {text:?}"
         ))
     })
 }
@@ -1120,20 +1189,21 @@ async fn get_lease(
 ) -> Result<Response, ApiError> {
     let arrived = SystemTime::now();
     auth::check_tenant(&caller.principal, &tenant_id)?;
-    let body = RequestBody::Get {
-        key: ResourceKey::new(tenant_id, resource_id),
-    };
+    let key = ResourceKey::new(tenant_id, resource_id);
+    let body = RequestBody::Get { key: key.clone() };
     match state
         .call(&caller, query.stale.unwrap_or(false), body)
         .await?
     {
         ResponseBody::Get(result) => {
             let log_time_ms = result.log_time_ms;
-            let lease = result
-                .view
-                .map(|view| lease_json(view, arrived, Some(log_time_ms)));
+            let found = result.view.is_some();
+            let lease = match result.view {
+                Some(view) => lease_json(view, arrived, Some(log_time_ms)),
+                None => absent_lease_json(&key),
+            };
             Ok(axum::Json(GetJson {
-                found: lease.is_some(),
+                found,
                 lease,
                 stale: result.stale,
                 group_id: result.group_id,
@@ -1208,10 +1278,10 @@ async fn list_leases(
     let mut calls = 0usize;
     let next_page_token = loop {
         if cursor.group >= groups {
-            break None;
+            break String::new();
         }
         if leases.len() >= wanted || calls >= calls_max {
-            break Some(cursor.render());
+            break cursor.render();
         }
         calls += 1;
         let remaining = u32::try_from(wanted.saturating_sub(leases.len())).unwrap_or(page_size);
@@ -1282,7 +1352,7 @@ async fn testing_faults(
 async fn set_testing_faults(
     State(state): State<AppState>,
     _caller: Caller,
-    body: axum::body::Bytes,
+    BodyBytes(body): BodyBytes,
 ) -> Result<Response, ApiError> {
     let controls = fault_controls_of(&state, Method::POST)?;
     let settings: FaultSettings = serde_json::from_slice(&body).map_err(|error| {
@@ -1492,6 +1562,10 @@ mod tests {
             self.body_bytes_max
         }
 
+        fn http_body_read_timeout(&self) -> Duration {
+            Duration::from_secs(5)
+        }
+
         fn node_id(&self) -> u64 {
             7
         }
@@ -1544,9 +1618,14 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let app = router_with(fake.clone());
-        let task = tokio::spawn(serve_router(listener, app, async move {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(serve_router(
+            listener,
+            app,
+            ServerLimits::default(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         Harness {
             addr,
             fake,
@@ -2067,7 +2146,6 @@ mod tests {
             insecure: true,
             ..Fake::default()
         }
-        .answer(lease_ok(LeaseReply::Acquired(grant(true))))
         .answer(lease_ok(LeaseReply::Acquired(grant(true))));
         let harness = start(fake).await;
         let body = acquire_body().to_string();
@@ -2097,12 +2175,26 @@ mod tests {
                 &body,
             )
             .await;
-        assert_eq!(tenant_only.status, StatusCode::OK, "{}", tenant_only.text);
+        // As Tenure: both principal headers are required.
+        tenant_only.error(StatusCode::UNAUTHORIZED, "UNAUTHORIZED");
         harness
             .send(
                 "POST",
                 ACQUIRE_PATH,
-                &[json_type, (PRINCIPAL_TENANT_HEADER, "globex")],
+                &[json_type, (PRINCIPAL_ID_HEADER, "alice")],
+                &body,
+            )
+            .await
+            .error(StatusCode::UNAUTHORIZED, "UNAUTHORIZED");
+        harness
+            .send(
+                "POST",
+                ACQUIRE_PATH,
+                &[
+                    json_type,
+                    (PRINCIPAL_TENANT_HEADER, "globex"),
+                    (PRINCIPAL_ID_HEADER, "alice"),
+                ],
                 &body,
             )
             .await
@@ -2115,16 +2207,10 @@ mod tests {
             .collect();
         assert_eq!(
             principals,
-            [
-                Principal {
-                    principal_id: "alice".into(),
-                    tenant_id: "acme".into()
-                },
-                Principal {
-                    principal_id: DEV_PRINCIPAL_ID.into(),
-                    tenant_id: "acme".into()
-                },
-            ]
+            [Principal {
+                principal_id: "alice".into(),
+                tenant_id: "acme".into()
+            },]
         );
         harness.shutdown().await;
     }
@@ -2169,7 +2255,7 @@ mod tests {
         assert_eq!(reply.headers[header::RETRY_AFTER], "2");
 
         let reply = harness.post(ACQUIRE_PATH, &acquire_body()).await;
-        let body = reply.error(StatusCode::SERVICE_UNAVAILABLE, "NOT_LEADER");
+        let body = reply.error(StatusCode::CONFLICT, "NOT_LEADER");
         assert_eq!(body["leader_hint"], "http://10.0.0.2:7501");
         assert_eq!(body["placement_version"], 4);
         assert_eq!(body["retryable"], true);
@@ -2180,7 +2266,7 @@ mod tests {
         assert_eq!(reply.headers[header::RETRY_AFTER], "1");
 
         let reply = harness.post(ACQUIRE_PATH, &acquire_body()).await;
-        reply.error(StatusCode::GONE, "LEASE_EXPIRED");
+        reply.error(StatusCode::CONFLICT, "LEASE_EXPIRED");
         harness.shutdown().await;
     }
 
@@ -2192,12 +2278,12 @@ mod tests {
             (ErrorCode::Forbidden, 403),
             (ErrorCode::NotFound, 404),
             (ErrorCode::AlreadyHeld, 409),
-            (ErrorCode::LeaseExpired, 410),
+            (ErrorCode::LeaseExpired, 409),
             (ErrorCode::LeaseMismatch, 409),
-            (ErrorCode::QuotaExceeded, 429),
+            (ErrorCode::QuotaExceeded, 409),
             (ErrorCode::RateLimited, 429),
             (ErrorCode::Overloaded, 503),
-            (ErrorCode::NotLeader, 503),
+            (ErrorCode::NotLeader, 409),
             (ErrorCode::Unavailable, 503),
             (ErrorCode::Internal, 500),
         ];
@@ -2237,7 +2323,8 @@ mod tests {
         assert_eq!(lease["holder_id"], "holder-9");
         assert_eq!(lease["status"], "ACTIVE");
         assert_eq!(lease["fencing_token"], 9);
-        assert_eq!(lease["version"], 1);
+        // Token 9 in the high half, one change of this lease in the low half.
+        assert_eq!(lease["version"], (9u64 << 32) + 1);
         let expiry = lease["expiry_time"].as_str().unwrap();
         assert!(
             before.as_str() <= expiry && expiry <= after.as_str(),
@@ -2248,7 +2335,14 @@ mod tests {
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
         let body = reply.json();
         assert_eq!(body["found"], false);
-        assert_eq!(body["lease"], Value::Null);
+        assert_eq!(
+            body["lease"],
+            json!({
+                "tenant_id": "acme", "resource_id": "none", "lease_id": "", "holder_id": "",
+                "status": "ABSENT", "expiry_time": "", "fencing_token": 0, "version": 0,
+                "ttl_ms": 0, "remaining_ttl_ms": 0, "expires_at_log_ms": 0,
+            })
+        );
 
         let calls = harness.fake.lease_calls();
         assert_eq!(
@@ -2324,7 +2418,7 @@ mod tests {
             pages += 1;
             assert!(pages < 10, "listing does not end");
             match &body["next_page_token"] {
-                Value::Null => break,
+                Value::String(next) if next.is_empty() => break,
                 Value::String(next) => {
                     assert!(next.starts_with('g'), "{next}");
                     token = Some(next.clone());
@@ -2338,7 +2432,12 @@ mod tests {
         let reply = harness.get("/v1/tenants/acme/leases").await;
         let body = reply.json();
         assert_eq!(body["leases"].as_array().unwrap().len(), 5);
-        assert_eq!(body["next_page_token"], Value::Null);
+        assert_eq!(body["next_page_token"], "");
+        // filter_status=ANY is no filter (Tenure's enum { ANY, ACTIVE, EXPIRED, RELEASED }).
+        let reply = harness
+            .get("/v1/tenants/acme/leases?filter_status=ANY")
+            .await;
+        assert_eq!(reply.json()["leases"].as_array().unwrap().len(), 5);
         let routing_calls = harness
             .fake
             .calls()

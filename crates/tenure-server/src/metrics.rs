@@ -17,6 +17,10 @@ pub const REQUESTS_TOTAL: &str = "tenure_requests_total";
 pub const REQUEST_DURATION_SECONDS: &str = "tenure_request_duration_seconds";
 /// Requests forwarded to another node, by `op`.
 pub const REQUESTS_FORWARDED_TOTAL: &str = "tenure_requests_forwarded_total";
+/// HTTP connections open on this node's gateway.
+pub const HTTP_CONNECTIONS_OPEN: &str = "tenure_http_connections_open";
+/// HTTP connections refused at once because a connection cap was reached.
+pub const HTTP_CONNECTIONS_REFUSED_TOTAL: &str = "tenure_http_connections_refused_total";
 /// Requests in flight on this node.
 pub const REQUESTS_INFLIGHT: &str = "tenure_requests_inflight";
 /// Log entries proposed carrying lease operations.
@@ -88,11 +92,13 @@ pub const COUNTERS: &[&str] = &[
     TRANSPORT_MESSAGES_TOTAL,
     LEADER_TRANSFERS_TOTAL,
     LEADER_CHANGES_TOTAL,
+    HTTP_CONNECTIONS_REFUSED_TOTAL,
 ];
 
 /// Every gauge the node exports (registered at zero at start).
 pub const GAUGES: &[&str] = &[
     REQUESTS_INFLIGHT,
+    HTTP_CONNECTIONS_OPEN,
     APPLY_LAG_ENTRIES,
     GROUPS_LED,
     GROUPS_HOSTED,

@@ -1,6 +1,7 @@
 //! `tenure serve`: one node from start until a signal stops it.
 //!
-//! Starts the node, then waits for SIGINT or SIGTERM, hands off its groups' leadership and
+//! Checks first that the process's descriptor limit can hold everything the node opens (see
+//! [`check_descriptor_limit`]), raising the soft limit to the hard one. Starts the node, then waits for SIGINT or SIGTERM, hands off its groups' leadership and
 //! stops; a second SIGINT during the hand-off exits at once. The `tenure` binary and the
 //! fault-injection suite's node processes both run exactly this.
 //!
@@ -9,7 +10,7 @@
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info};
 
-use crate::config::ServerConfig;
+use crate::config::{LimitsConfig, ServerConfig};
 use crate::error::ServerError;
 use crate::node::Node;
 
@@ -25,10 +26,82 @@ pub fn abort_on_panic() {
     }));
 }
 
+/// Files RocksDB keeps open at most. The storage crate sets RocksDB's `max_open_files`; this
+/// local value stands for its default until that constant is exposed (issue 19 item 2).
+pub const ROCKSDB_OPEN_FILES_MAX: u64 = 512;
+/// Descriptors a node uses besides RocksDB's files and HTTP connections: the QUIC endpoint's UDP
+/// socket (every QUIC connection, client or peer, shares it, so the QUIC connection caps cost no
+/// descriptors), the HTTP listener, the log and snapshot files, the runtime's epoll and event
+/// descriptors, standard streams, and room for a connection being refused.
+pub const DESCRIPTORS_MARGIN: u64 = 256;
+
+/// The descriptor limit a node runs with, as [`check_descriptor_limit`] left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescriptorBudget {
+    /// The soft `RLIMIT_NOFILE` now in force (`None`: unlimited).
+    pub limit: Option<u64>,
+    /// The soft limit before the check raised it, when it did.
+    pub raised_from: Option<u64>,
+    /// What the node needs at most.
+    pub needed: u64,
+}
+
+/// The descriptors a node with these limits needs at most.
+pub fn descriptors_needed(limits: &LimitsConfig) -> u64 {
+    u64::from(limits.http_connections_max)
+        .saturating_add(ROCKSDB_OPEN_FILES_MAX)
+        .saturating_add(DESCRIPTORS_MARGIN)
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (when allowed), then checks that it can hold
+/// [`descriptors_needed`]: `limits.http_connections_max` connections, RocksDB's open files and
+/// [`DESCRIPTORS_MARGIN`]. Otherwise the node must not start: an HTTP flood would otherwise take
+/// the descriptors RocksDB needs, a WAL sync would fail and every group on the node would stop.
+pub fn check_descriptor_limit(limits: &LimitsConfig) -> Result<DescriptorBudget, ServerError> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let needed = descriptors_needed(limits);
+    let before = getrlimit(Resource::Nofile);
+    let mut raised_from = None;
+    if before.current.is_some() && before.current != before.maximum {
+        let raised = Rlimit {
+            current: before.maximum,
+            maximum: before.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => raised_from = before.current,
+            Err(error) => tracing::warn!(%error, "cannot raise RLIMIT_NOFILE to its hard limit"),
+        }
+    }
+    let now = getrlimit(Resource::Nofile);
+    match now.current {
+        Some(limit) if limit < needed => Err(ServerError::DescriptorLimit(format!(
+            "the descriptor limit RLIMIT_NOFILE is {limit} (hard limit {}), but this node needs              up to {needed}: limits.http_connections_max = {} HTTP connections + {} RocksDB              open files + {} for its own sockets and files. Raise the limit (`ulimit -n`,              systemd `LimitNOFILE=`) or lower limits.http_connections_max",
+            now.maximum
+                .map_or_else(|| "unlimited".to_owned(), |hard| hard.to_string()),
+            limits.http_connections_max,
+            ROCKSDB_OPEN_FILES_MAX,
+            DESCRIPTORS_MARGIN,
+        ))),
+        limit => Ok(DescriptorBudget {
+            limit,
+            raised_from,
+            needed,
+        }),
+    }
+}
+
 /// Runs one node until SIGINT or SIGTERM, then stops it gracefully. Must run inside a tokio
 /// runtime with I/O and time enabled.
 pub async fn serve_until_signalled(config: ServerConfig) -> Result<(), ServerError> {
     let node_id = config.node_id;
+    let budget = check_descriptor_limit(&config.limits)?;
+    info!(
+        node = node_id,
+        limit = ?budget.limit,
+        raised_from = ?budget.raised_from,
+        needed = budget.needed,
+        "descriptor limit"
+    );
     // Listen before starting, so a signal during start-up is not lost.
     let mut interrupt = signal(SignalKind::interrupt())
         .map_err(|error| ServerError::io("listening for SIGINT", error))?;

@@ -232,7 +232,7 @@ async fn tenure_v1_routes_fields_and_errors() {
             Some(
                 json!({"tenant_id": tenant, "resource_id": "res-1", "lease_id": "$lease_id", "holder_id": "alice", "ttl_seconds": 30, "request_id": "r6"}),
             ),
-            Expect::Error(410, "LEASE_EXPIRED"),
+            Expect::Error(409, "LEASE_EXPIRED"),
         ),
         step(
             "release after release",
@@ -241,7 +241,7 @@ async fn tenure_v1_routes_fields_and_errors() {
             Some(
                 json!({"tenant_id": tenant, "resource_id": "res-1", "lease_id": "$lease_id", "holder_id": "alice", "request_id": "r7"}),
             ),
-            Expect::Error(410, "LEASE_EXPIRED"),
+            Expect::Error(409, "LEASE_EXPIRED"),
         ),
         step(
             "idempotent retry of the first acquire",
@@ -460,7 +460,11 @@ async fn tenure_v1_routes_fields_and_errors() {
     let (status, _, bytes) = http_request(
         "POST",
         &format!("{url}/v1/leases/acquire"),
-        &[(TENANT_HEADER, tenant), ("content-type", "text/plain")],
+        &[
+            (TENANT_HEADER, tenant),
+            (PRINCIPAL_HEADER, "http-tests"),
+            ("content-type", "text/plain"),
+        ],
         Some(br#"{"tenant_id": "http-tenant"}"#.to_vec()),
     )
     .await

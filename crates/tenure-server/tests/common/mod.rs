@@ -102,6 +102,11 @@ pub struct ClusterOptions {
     pub log_filter: Option<String>,
     /// Changes node `id`'s configuration after the options above made it (None: no change).
     pub configure: Option<fn(u64, &mut ServerConfig)>,
+    /// The nodes' `[limits]` (None: the defaults).
+    pub limits: Option<LimitsConfig>,
+    /// Soft and hard `RLIMIT_NOFILE` of the node processes (None: inherited), set with
+    /// `prlimit` before `tenure serve` starts.
+    pub nofile_limit: Option<u64>,
 }
 
 impl Default for ClusterOptions {
@@ -117,6 +122,8 @@ impl Default for ClusterOptions {
             tokens: Vec::new(),
             log_filter: None,
             configure: None,
+            limits: None,
+            nofile_limit: None,
         }
     }
 }
@@ -222,7 +229,7 @@ pub fn node_config(
             node_key: certs.join(format!("node-{id}.key")),
         },
         timing,
-        limits: LimitsConfig::default(),
+        limits: options.limits.clone().unwrap_or_default(),
         auth: AuthConfig {
             insecure_dev_mode: options.insecure_dev_mode,
             tokens: options
@@ -265,12 +272,32 @@ pub fn spawn_serve(config_path: &Path, log_path: &Path) -> Child {
 
 /// Like [`spawn_serve`], with a log filter that overrides the environment's `RUST_LOG`.
 pub fn spawn_serve_with(config_path: &Path, log_path: &Path, log_filter: Option<&str>) -> Child {
+    spawn_serve_limited(config_path, log_path, log_filter, None)
+}
+
+/// Like [`spawn_serve_with`], with the process's `RLIMIT_NOFILE` (soft and hard) set to
+/// `nofile_limit` by `prlimit` (util-linux), which then executes `tenure serve` (same pid).
+pub fn spawn_serve_limited(
+    config_path: &Path,
+    log_path: &Path,
+    log_filter: Option<&str>,
+    nofile_limit: Option<u64>,
+) -> Child {
     let log = OpenOptions::new()
         .create(true)
         .append(true)
         .open(log_path)
         .expect("opening a node log");
-    let mut command = Command::new(tenure_bin());
+    let mut command = match nofile_limit {
+        Some(limit) => {
+            let mut command = Command::new("prlimit");
+            command
+                .arg(format!("--nofile={limit}:{limit}"))
+                .arg(tenure_bin());
+            command
+        }
+        None => Command::new(tenure_bin()),
+    };
     command
         .arg("serve")
         .arg("--config")
@@ -502,10 +529,11 @@ impl ProcessCluster {
             .open(&node.log_path)
             .unwrap();
         let _ = writeln!(log, "===== test harness: starting node {id} =====");
-        node.child = Some(spawn_serve_with(
+        node.child = Some(spawn_serve_limited(
             &node.config_path,
             &node.log_path,
             self.options.log_filter.as_deref(),
+            self.options.nofile_limit,
         ));
     }
 
