@@ -444,6 +444,7 @@ impl Cluster {
         .header("content-type", "application/json")
         // `/testing/*` needs a caller; the suite's nodes run in insecure development mode.
         .header(tenure_server::http::PRINCIPAL_TENANT_HEADER, "nemesis")
+        .header(tenure_server::http::PRINCIPAL_ID_HEADER, "nemesis")
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| HarnessError::Cluster(format!("fault request: {e}")))?;
         let exchange = async {
