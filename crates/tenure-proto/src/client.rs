@@ -486,4 +486,19 @@ mod tests {
         assert_eq!(ids, vec![1, 2, 4]);
         assert!(frames.iter().all(|f| f.len() <= CLIENT_FRAME_BYTES_MAX + 4));
     }
+
+    /// Hole: a frame's request count was checked only after every request was decoded, so a
+    /// 4 MiB frame of ~600,000 tiny requests was decoded in full (and allocated) before it was
+    /// refused. The count must be refused from the frame's first bytes.
+    #[test]
+    fn request_count_is_checked_only_after_decoding() {
+        // A varint count of 4,097 followed by bytes that are no request at all.
+        let mut body = vec![0x81, 0x20];
+        body.extend_from_slice(&[0xff; 64]);
+        let error = decode_request_frame(&body).unwrap_err().to_string();
+        assert!(
+            error.contains("exceed the maximum"),
+            "the count was not checked before decoding: {error}"
+        );
+    }
 }
