@@ -136,7 +136,9 @@ impl Drop for Killed {
 }
 
 fn free_udp_port() -> anyhow::Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn free_tcp_port() -> anyhow::Result<u16> {
@@ -164,16 +166,13 @@ async fn wait_ready(http_addr: SocketAddr, timeout: Duration) -> anyhow::Result<
     loop {
         if let Ok(mut stream) = tokio::net::TcpStream::connect(http_addr).await {
             use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-            let request = format!(
-                "GET /readyz HTTP/1.1\r\nHost: {http_addr}\r\nConnection: close\r\n\r\n"
-            );
+            let request =
+                format!("GET /readyz HTTP/1.1\r\nHost: {http_addr}\r\nConnection: close\r\n\r\n");
             if stream.write_all(request.as_bytes()).await.is_ok() {
                 let mut answer = Vec::new();
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(2),
-                    stream.read_to_end(&mut answer),
-                )
-                .await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut answer))
+                        .await;
                 if answer.starts_with(b"HTTP/1.1 200") {
                     return Ok(());
                 }
@@ -437,9 +436,7 @@ fn attacker_quic_config(ca: &Path) -> anyhow::Result<quinn::ClientConfig> {
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;
     let mut config = quinn::ClientConfig::new(Arc::new(quic));
     let mut transport = quinn::TransportConfig::default();
-    transport.max_idle_timeout(Some(quinn::IdleTimeout::try_from(Duration::from_secs(
-        30,
-    ))?));
+    transport.max_idle_timeout(Some(quinn::IdleTimeout::try_from(Duration::from_secs(30))?));
     transport.keep_alive_interval(Some(Duration::from_secs(1)));
     config.transport_config(Arc::new(transport));
     Ok(config)
