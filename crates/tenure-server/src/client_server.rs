@@ -681,7 +681,7 @@ mod tests {
                     id: id * 1_000_003,
                     result: Err(WireError::new(
                         ErrorCode::NotFound,
-                        "x".repeat(id as usize % 7),
+                        "x".repeat(usize::try_from(id % 7).unwrap()),
                     )),
                 })
                 .collect();
