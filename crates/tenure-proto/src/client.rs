@@ -466,8 +466,32 @@ pub fn encode_frames_split<T: Serialize>(items: &[T]) -> (Vec<Vec<u8>>, Vec<usiz
     (frames, too_large)
 }
 
-/// Decodes a request frame body (after its length prefix), checking the frame's bounds.
+/// The number of items a frame body announces: postcard writes a frame's vector length as a
+/// varint (LEB128) at the body's start.
+pub fn frame_item_count(body: &[u8]) -> Result<u64, ProtoError> {
+    let mut count: u64 = 0;
+    for (index, byte) in body.iter().take(10).enumerate() {
+        count |= u64::from(byte & 0x7f) << (7 * index);
+        if byte & 0x80 == 0 {
+            return Ok(count);
+        }
+    }
+    Err(ProtoError::Payload {
+        what: "RequestFrame",
+        reason: "the frame's item count is not a varint".into(),
+    })
+}
+
+/// Decodes a request frame body (after its length prefix), checking the frame's bounds: the
+/// request count is checked before any request is decoded.
 pub fn decode_request_frame(body: &[u8]) -> Result<RequestFrame, ProtoError> {
+    let count = frame_item_count(body)?;
+    if count > REQUESTS_PER_FRAME_MAX as u64 {
+        return Err(ProtoError::Payload {
+            what: "RequestFrame",
+            reason: format!("{count} requests exceed the maximum of {REQUESTS_PER_FRAME_MAX}"),
+        });
+    }
     let frame: RequestFrame = crate::peer::decode_payload(body, "RequestFrame")?;
     if frame.requests.len() > REQUESTS_PER_FRAME_MAX {
         return Err(ProtoError::Payload {
@@ -531,5 +555,20 @@ mod tests {
             .collect();
         assert_eq!(ids, vec![1, 2, 4]);
         assert!(frames.iter().all(|f| f.len() <= CLIENT_FRAME_BYTES_MAX + 4));
+    }
+
+    /// Hole: a frame's request count was checked only after every request was decoded, so a
+    /// 4 MiB frame of ~600,000 tiny requests was decoded in full (and allocated) before it was
+    /// refused. The count must be refused from the frame's first bytes.
+    #[test]
+    fn request_count_is_checked_only_after_decoding() {
+        // A varint count of 4,097 followed by bytes that are no request at all.
+        let mut body = vec![0x81, 0x20];
+        body.extend_from_slice(&[0xff; 64]);
+        let error = decode_request_frame(&body).unwrap_err().to_string();
+        assert!(
+            error.contains("exceed the maximum"),
+            "the count was not checked before decoding: {error}"
+        );
     }
 }

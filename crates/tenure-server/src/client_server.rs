@@ -1,40 +1,96 @@
 //! The QUIC side of the native client protocol (`tenure_proto::client`): connections arrive
 //! from the transport's endpoint (ALPN `tenure-client/1`); each bidirectional stream carries
-//! request frames one way and response frames the other. Requests of a stream run concurrently
-//! (at most `STREAM_INFLIGHT_MAX`); every response ready when the writer wakes goes into one
-//! frame.
+//! request frames one way and response frames the other. Requests of a connection run
+//! concurrently; every response ready when a stream's writer wakes goes into one frame.
 //!
 //! Identity per connection: a cluster node certificate marks a forwarding node (its requests
 //! name the principal they act for); otherwise the connection authenticates with a bearer token
 //! (`Authenticate`), or, in insecure development mode only, requests may name their principal.
 //!
+//! Bounds (contract section 6; `[limits.client]`, [`ClientLimitsConfig`]): what a client
+//! connection can make the node hold is bounded whether or not it authenticated and whether or
+//! not it reads its answers.
+//! - Connections: at most `connections_max` client connections per node and
+//!   `connections_per_source_max` per source IP address; beyond, a new one is closed at once. A
+//!   connection that has not authenticated within `auth_timeout_ms` is closed (not in insecure
+//!   development mode).
+//! - QUIC: client connections start with the transport's client limits (few streams, small
+//!   windows); a forwarding node's connection is raised to the node grade once its certificate
+//!   proved it.
+//! - Frames: at most `CLIENT_FRAME_BYTES_MAX` (`UNAUTHENTICATED_FRAME_BYTES_MAX` before the
+//!   connection authenticated); the request count is checked before any request is decoded.
+//! - Requests: a connection's requests hold a slot from decoding until their reply was written
+//!   to the stream (`inflight_requests_max`, `unauthenticated_inflight_requests_max`); a reply
+//!   also holds its encoded bytes against `reply_bytes_max` until written. A client that does not
+//!   read its answers therefore stops its own requests (its frames wait, QUIC flow control stops
+//!   its writes), not the node.
+//! - `Routing` and `Status` (answers of ~17 KiB at 64 groups) are rate-limited per connection.
+//! - The `Authenticate` token is at most `TOKEN_BYTES_MAX` bytes.
+//!
+//! So one unauthenticated connection holds at most about: its QUIC receive window (1 MiB), one
+//! frame being read (64 KiB) and its decoded requests, 16 requests in flight and 256 KiB of
+//! replies, for at most 5 s at a time; the node holds at most `connections_max` of them.
+//!
 //! Must not depend on: the groups (it calls `Service`).
 
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tenure_core::ErrorCode;
 use tenure_proto::client::{
-    CLIENT_FRAME_BYTES_MAX, Principal, Request, RequestBody, Response, ResponseBody, WireError,
-    decode_request_frame, encode_frames_split,
+    CLIENT_FRAME_BYTES_MAX, Principal, Request, RequestBody, Response, ResponseBody,
+    TOKEN_BYTES_MAX, WireError, decode_request_frame,
 };
 use tenure_transport::ClientAcceptor;
 use tenure_transport::tls::verify_peer_node_id;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::config::ClientLimitsConfig;
 use crate::forward::read_frame_body;
 use crate::node::NodeShared;
 use crate::service::{RequestContext, Service};
 
-/// Requests of one stream handled at once at most; further frames wait (back-pressure).
-pub const STREAM_INFLIGHT_MAX: usize = 4_096;
+/// Largest request frame accepted before the connection authenticated, in bytes (an
+/// `Authenticate` with the longest token fits many times).
+pub const UNAUTHENTICATED_FRAME_BYTES_MAX: usize = 64 * 1024;
+
+/// Requests in flight on a forwarding node's connection at most (the leader's admission bounds
+/// them further).
+const NODE_INFLIGHT_REQUESTS_MAX: usize = 65_536;
+
+/// Reply bytes a forwarding node's connection may have queued.
+const NODE_REPLY_BYTES_MAX: usize = 64 << 20;
+
+/// Streams a forwarding node's connection may have open (its lanes, and older nodes that open
+/// one stream per request).
+const NODE_STREAMS_MAX: u32 = 256;
+
+/// Receive and send windows of a forwarding node's connection, in bytes.
+const NODE_WINDOW_BYTES: u32 = 16 << 20;
+
+/// Responses one frame carries at most.
+const RESPONSES_PER_FRAME_MAX: usize = 1_024;
+
+/// Room kept in a frame for the response count's varint, in bytes.
+const FRAME_COUNT_BYTES: usize = 10;
 
 /// Longest timeout a request may ask for.
 const REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(60);
 
 /// Stream reset code for a stream that sent a bad frame.
 const STREAM_PROTOCOL_ERROR: u32 = 2;
+
+/// Connection close code: the node is starting or stopping.
+const CLOSE_UNAVAILABLE: u32 = 3;
+/// Connection close code: too many connections (node-wide or from the source address).
+pub const CLOSE_TOO_MANY_CONNECTIONS: u32 = 4;
+/// Connection close code: the connection did not authenticate in time.
+pub const CLOSE_NOT_AUTHENTICATED: u32 = 5;
 
 /// Routes client connections to the service once the node is up.
 ///
@@ -43,7 +99,8 @@ const STREAM_PROTOCOL_ERROR: u32 = 2;
 /// matters where nodes restart inside one process (the deterministic simulation).
 #[derive(Default)]
 pub struct ClientServer {
-    service: OnceLock<(Weak<NodeShared>, Vec<u64>)>,
+    service: OnceLock<(Weak<NodeShared>, Vec<u64>, ClientLimitsConfig)>,
+    connections: Arc<Mutex<ConnectionCounts>>,
 }
 
 impl std::fmt::Debug for ClientServer {
@@ -59,25 +116,106 @@ impl ClientServer {
     }
 
     /// Starts serving with `service`; `members` are the node ids whose certificates mark
-    /// forwarding nodes.
+    /// forwarding nodes. The bounds are the node configuration's `[limits.client]`.
     pub fn set_service(&self, service: Service, members: Vec<u64>) {
-        let _ = self.service.set((Arc::downgrade(&service.inner), members));
+        let limits = service.inner.config.limits.client.clone();
+        let _ = self
+            .service
+            .set((Arc::downgrade(&service.inner), members, limits));
     }
+}
+
+/// Client connections open now, in total and by source address.
+#[derive(Debug, Default)]
+pub struct ConnectionCounts {
+    total: usize,
+    by_source: HashMap<IpAddr, usize>,
+}
+
+/// One client connection counted; uncounted when dropped.
+#[derive(Debug)]
+pub struct ConnectionSlot {
+    counts: Arc<Mutex<ConnectionCounts>>,
+    source: IpAddr,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        if let Ok(mut counts) = self.counts.lock() {
+            counts.total = counts.total.saturating_sub(1);
+            if let Some(count) = counts.by_source.get_mut(&self.source) {
+                *count -= 1;
+                if *count == 0 {
+                    counts.by_source.remove(&self.source);
+                }
+            }
+        }
+    }
+}
+
+/// Counts a new client connection from `source`, or says why it is refused.
+pub fn claim_connection(
+    counts: &Arc<Mutex<ConnectionCounts>>,
+    source: IpAddr,
+    limits: &ClientLimitsConfig,
+) -> Result<ConnectionSlot, String> {
+    let Ok(mut guard) = counts.lock() else {
+        return Err("connection table unavailable".into());
+    };
+    if guard.total >= limits.connections_max as usize {
+        return Err(format!(
+            "too many client connections on this node ({})",
+            limits.connections_max
+        ));
+    }
+    let from_source = guard.by_source.get(&source).copied().unwrap_or(0);
+    if from_source >= limits.connections_per_source_max as usize {
+        return Err(format!(
+            "too many client connections from {source} ({})",
+            limits.connections_per_source_max
+        ));
+    }
+    guard.total += 1;
+    *guard.by_source.entry(source).or_insert(0) += 1;
+    Ok(ConnectionSlot {
+        counts: counts.clone(),
+        source,
+    })
 }
 
 impl ClientAcceptor for ClientServer {
     fn accept(&self, connection: quinn::Connection) {
-        let Some((node, members)) = self.service.get() else {
-            connection.close(3u32.into(), b"node is starting");
+        let Some((node, members, limits)) = self.service.get() else {
+            connection.close(CLOSE_UNAVAILABLE.into(), b"node is starting");
             return;
         };
         let Some(inner) = node.upgrade() else {
-            connection.close(3u32.into(), b"node is stopping");
+            connection.close(CLOSE_UNAVAILABLE.into(), b"node is stopping");
             return;
         };
         let service = Service { inner };
-        let members = members.clone();
-        tokio::spawn(serve_connection(service, members, connection));
+        let (identity, slot) = match node_identity(&connection, members) {
+            Some(node) => {
+                debug!(node, remote = %connection.remote_address(), "forwarding node connected");
+                connection.set_max_concurrent_bi_streams(NODE_STREAMS_MAX.into());
+                connection.set_receive_window(NODE_WINDOW_BYTES.into());
+                connection.set_send_window(u64::from(NODE_WINDOW_BYTES));
+                (Identity::Node(node), None)
+            }
+            None => {
+                let source = connection.remote_address().ip().to_canonical();
+                match claim_connection(&self.connections, source, limits) {
+                    Ok(slot) => (Identity::Client(Mutex::new(None)), Some(slot)),
+                    Err(reason) => {
+                        debug!(remote = %connection.remote_address(), "refused a client connection: {reason}");
+                        connection.close(CLOSE_TOO_MANY_CONNECTIONS.into(), reason.as_bytes());
+                        return;
+                    }
+                }
+            }
+        };
+        let state = Arc::new(ConnectionState::new(service, identity, limits));
+        tokio::spawn(serve_connection(state, connection, slot));
     }
 }
 
@@ -98,54 +236,223 @@ fn node_identity(connection: &quinn::Connection, members: &[u64]) -> Option<u64>
         .find(|&node| verify_peer_node_id(connection.peer_identity(), node).is_ok())
 }
 
-async fn serve_connection(service: Service, members: Vec<u64>, connection: quinn::Connection) {
-    let identity = Arc::new(match node_identity(&connection, &members) {
-        Some(node) => {
-            debug!(node, remote = %connection.remote_address(), "forwarding node connected");
-            Identity::Node(node)
+/// A token bucket: `rate_per_s` tokens a second, at most `burst` saved.
+#[derive(Debug)]
+struct TokenBucket {
+    rate_per_s: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    fn new(rate_per_s: u32) -> Self {
+        let rate_per_s = f64::from(rate_per_s.max(1));
+        TokenBucket {
+            rate_per_s,
+            burst: rate_per_s * 2.0,
+            tokens: rate_per_s * 2.0,
+            at: Instant::now(),
         }
-        None => Identity::Client(Mutex::new(None)),
-    });
-    loop {
-        match connection.accept_bi().await {
-            Ok((send, recv)) => {
-                tokio::spawn(serve_stream(service.clone(), identity.clone(), send, recv));
-            }
-            Err(error) => {
-                debug!(remote = %connection.remote_address(), "client connection ended: {error}");
-                return;
-            }
+    }
+
+    /// Takes a token, or says in how many milliseconds one will be there.
+    fn take(&mut self) -> Result<(), u32> {
+        self.take_at(Instant::now())
+    }
+
+    fn take_at(&mut self, now: Instant) -> Result<(), u32> {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        self.tokens = (self.tokens + elapsed * self.rate_per_s).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            let wait_ms = ((1.0 - self.tokens) / self.rate_per_s * 1_000.0).ceil();
+            // Within 1..=1000 ms (the rate is at least 1 a second), so the cast is exact.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let wait_ms = wait_ms.clamp(1.0, 1_000.0) as u32;
+            Err(wait_ms)
         }
     }
 }
 
-async fn serve_stream(
+/// One connection: its identity and its budgets.
+struct ConnectionState {
     service: Service,
-    identity: Arc<Identity>,
+    identity: Identity,
+    /// Requests in flight (decoded, reply not yet written).
+    requests: Arc<Semaphore>,
+    /// Encoded reply bytes not yet written.
+    reply_bytes: Arc<Semaphore>,
+    reply_bytes_max: Mutex<usize>,
+    /// True once the budgets are the authenticated ones.
+    full_budget: AtomicBool,
+    limits: ClientLimitsConfig,
+    routing_status: Mutex<TokenBucket>,
+}
+
+impl ConnectionState {
+    fn new(service: Service, identity: Identity, limits: &ClientLimitsConfig) -> Self {
+        let trusted = match &identity {
+            Identity::Node(_) => true,
+            Identity::Client(_) => service.authenticator().insecure_dev_mode(),
+        };
+        let (requests, reply_bytes) = match &identity {
+            Identity::Node(_) => (NODE_INFLIGHT_REQUESTS_MAX, NODE_REPLY_BYTES_MAX),
+            Identity::Client(_) if trusted => (
+                limits.inflight_requests_max as usize,
+                limits.reply_bytes_max as usize,
+            ),
+            Identity::Client(_) => (
+                limits.unauthenticated_inflight_requests_max as usize,
+                limits.unauthenticated_reply_bytes_max as usize,
+            ),
+        };
+        ConnectionState {
+            service,
+            identity,
+            requests: Arc::new(Semaphore::new(requests)),
+            reply_bytes: Arc::new(Semaphore::new(reply_bytes)),
+            reply_bytes_max: Mutex::new(reply_bytes),
+            full_budget: AtomicBool::new(trusted),
+            routing_status: Mutex::new(TokenBucket::new(limits.routing_status_per_s)),
+            limits: limits.clone(),
+        }
+    }
+
+    /// True for a forwarding node, an authenticated client, or any client in insecure mode.
+    fn is_trusted(&self) -> bool {
+        self.full_budget.load(Ordering::Acquire)
+    }
+
+    fn frame_bytes_max(&self) -> usize {
+        if self.is_trusted() {
+            CLIENT_FRAME_BYTES_MAX
+        } else {
+            UNAUTHENTICATED_FRAME_BYTES_MAX
+        }
+    }
+
+    /// Grows the budgets to the authenticated ones (once).
+    fn authenticated(&self) {
+        if self.full_budget.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let limits = &self.limits;
+        self.requests.add_permits(
+            (limits.inflight_requests_max as usize)
+                .saturating_sub(limits.unauthenticated_inflight_requests_max as usize),
+        );
+        let grow = (limits.reply_bytes_max as usize)
+            .saturating_sub(limits.unauthenticated_reply_bytes_max as usize);
+        self.reply_bytes.add_permits(grow);
+        if let Ok(mut max) = self.reply_bytes_max.lock() {
+            *max += grow;
+        }
+    }
+
+    /// Reply bytes one reply holds: its size, or the whole budget for a larger one (so it still
+    /// goes out, alone).
+    fn reply_permits(&self, bytes: usize) -> u32 {
+        let max = self.reply_bytes_max.lock().map_or(bytes, |max| *max);
+        u32::try_from(bytes.min(max).max(1)).unwrap_or(u32::MAX)
+    }
+}
+
+async fn serve_connection(
+    state: Arc<ConnectionState>,
+    connection: quinn::Connection,
+    slot: Option<ConnectionSlot>,
+) {
+    let _slot = slot;
+    let watchdog = match &state.identity {
+        Identity::Client(_) if !state.is_trusted() => {
+            let state = state.clone();
+            let connection = connection.clone();
+            Some(tokio::spawn(async move {
+                let timeout = Duration::from_millis(state.limits.auth_timeout_ms);
+                tokio::time::sleep(timeout).await;
+                if !state.is_trusted() {
+                    debug!(remote = %connection.remote_address(), "closing a connection that did not authenticate");
+                    connection.close(
+                        CLOSE_NOT_AUTHENTICATED.into(),
+                        format!(
+                            "not authenticated within {} ms",
+                            state.limits.auth_timeout_ms
+                        )
+                        .as_bytes(),
+                    );
+                }
+            }))
+        }
+        _ => None,
+    };
+    loop {
+        match connection.accept_bi().await {
+            Ok((send, recv)) => {
+                tokio::spawn(serve_stream(state.clone(), send, recv));
+            }
+            Err(error) => {
+                debug!(remote = %connection.remote_address(), "client connection ended: {error}");
+                break;
+            }
+        }
+    }
+    if let Some(watchdog) = watchdog {
+        watchdog.abort();
+    }
+}
+
+/// An encoded response waiting for its stream's writer, with the slot and reply bytes it holds
+/// until written.
+struct Encoded {
+    bytes: Vec<u8>,
+    _slot: OwnedSemaphorePermit,
+    _reply_bytes: OwnedSemaphorePermit,
+}
+
+async fn serve_stream(
+    state: Arc<ConnectionState>,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
-    let (responses, mut pending) = mpsc::channel::<Response>(STREAM_INFLIGHT_MAX);
+    // Unbounded, yet bounded: every entry holds one of the connection's request slots.
+    let (responses, mut pending) = mpsc::unbounded_channel::<Encoded>();
     let writer = tokio::spawn(async move {
         while let Some(first) = pending.recv().await {
             let mut batch = vec![first];
-            while let Ok(next) = pending.try_recv() {
-                batch.push(next);
-                if batch.len() >= 1_024 {
-                    break;
+            let mut bytes = batch[0].bytes.len();
+            while batch.len() < RESPONSES_PER_FRAME_MAX {
+                match pending.try_recv() {
+                    Ok(next) => {
+                        if bytes + next.bytes.len() + FRAME_COUNT_BYTES > CLIENT_FRAME_BYTES_MAX {
+                            // Written after this frame, in its own.
+                            let frame = response_frame(&batch);
+                            if send.write_all(&frame).await.is_err() {
+                                return;
+                            }
+                            bytes = 0;
+                            batch.clear();
+                        }
+                        bytes += next.bytes.len();
+                        batch.push(next);
+                    }
+                    Err(_) => break,
                 }
             }
-            for frame in encode_response_frames(batch) {
-                if send.write_all(&frame).await.is_err() {
-                    return;
-                }
+            let frame = response_frame(&batch);
+            if send.write_all(&frame).await.is_err() {
+                return;
             }
+            // The slots and reply bytes are released only now, with the reply written.
+            drop(batch);
         }
         let _ = send.finish();
     });
-    let permits = Arc::new(Semaphore::new(STREAM_INFLIGHT_MAX));
     loop {
-        let body = match read_frame_body(&mut recv, CLIENT_FRAME_BYTES_MAX).await {
+        let body = match read_frame_body(&mut recv, state.frame_bytes_max()).await {
             Ok(Some(body)) => body,
             Ok(None) => break,
             Err(reason) => {
@@ -154,6 +461,7 @@ async fn serve_stream(
                 break;
             }
         };
+        // The request count is checked before any request is decoded.
         let frame = match decode_request_frame(&body) {
             Ok(frame) => frame,
             Err(error) => {
@@ -162,18 +470,30 @@ async fn serve_stream(
                 break;
             }
         };
+        drop(body);
         for request in frame.requests {
-            let Ok(permit) = permits.clone().acquire_owned().await else {
+            let Ok(slot) = state.requests.clone().acquire_owned().await else {
                 break;
             };
-            let service = service.clone();
-            let identity = identity.clone();
+            let state = state.clone();
             let responses = responses.clone();
             tokio::spawn(async move {
                 let id = request.id;
-                let result = handle_request(&service, &identity, request).await;
-                let _ = responses.send(Response { id, result }).await;
-                drop(permit);
+                let result = handle_request(&state, request).await;
+                let bytes = encode_response(Response { id, result });
+                let Ok(reply_bytes) = state
+                    .reply_bytes
+                    .clone()
+                    .acquire_many_owned(state.reply_permits(bytes.len()))
+                    .await
+                else {
+                    return;
+                };
+                let _ = responses.send(Encoded {
+                    bytes,
+                    _slot: slot,
+                    _reply_bytes: reply_bytes,
+                });
             });
         }
     }
@@ -181,30 +501,55 @@ async fn serve_stream(
     let _ = writer.await;
 }
 
-/// Encodes responses into frames within the protocol's bound; a single response that does not
-/// fit is replaced by an `INTERNAL` error, so every request still gets an answer.
-fn encode_response_frames(responses: Vec<Response>) -> Vec<Vec<u8>> {
-    let (mut frames, too_large) = encode_frames_split(&responses);
-    if !too_large.is_empty() {
-        warn!(
-            "{} response(s) do not fit in a frame; answering INTERNAL",
-            too_large.len()
-        );
-        let replacements: Vec<Response> = too_large
-            .into_iter()
-            .map(|index| Response {
-                id: responses[index].id,
+/// One response's postcard bytes, as an item of a `ResponseFrame`; a response too large for a
+/// frame is replaced by an `INTERNAL` error, so every request still gets an answer.
+fn encode_response(response: Response) -> Vec<u8> {
+    let id = response.id;
+    match postcard::to_allocvec(&response) {
+        Ok(bytes) if bytes.len() + FRAME_COUNT_BYTES <= CLIENT_FRAME_BYTES_MAX => bytes,
+        outcome => {
+            warn!(
+                id,
+                "a response does not fit in a frame ({:?}); answering INTERNAL",
+                outcome.as_ref().map(Vec::len)
+            );
+            let replacement = Response {
+                id,
                 result: Err(WireError::new(
                     ErrorCode::Internal,
                     format!(
                         "the answer does not fit in a frame of {CLIENT_FRAME_BYTES_MAX} bytes; ask for less (a smaller page)"
                     ),
                 )),
-            })
-            .collect();
-        frames.extend(encode_frames_split(&replacements).0);
+            };
+            postcard::to_allocvec(&replacement).unwrap_or_default()
+        }
     }
-    frames
+}
+
+/// A response frame (length prefix included) of already encoded responses: postcard writes a
+/// `ResponseFrame` as its vector, i.e. the count as a varint and then each item, so these bytes
+/// equal `encode_client_frame(&ResponseFrame { responses })` (a test checks it).
+fn response_frame(batch: &[Encoded]) -> Vec<u8> {
+    let items: usize = batch.iter().map(|encoded| encoded.bytes.len()).sum();
+    let mut frame = Vec::with_capacity(4 + FRAME_COUNT_BYTES + items);
+    frame.extend_from_slice(&[0u8; 4]);
+    let mut count = batch.len() as u64;
+    loop {
+        let low = u8::try_from(count & 0x7f).unwrap_or(0);
+        count >>= 7;
+        if count == 0 {
+            frame.push(low);
+            break;
+        }
+        frame.push(low | 0x80);
+    }
+    for encoded in batch {
+        frame.extend_from_slice(&encoded.bytes);
+    }
+    let length = u32::try_from(frame.len() - 4).unwrap_or(u32::MAX);
+    frame[..4].copy_from_slice(&length.to_le_bytes());
+    frame
 }
 
 fn unauthorized() -> WireError {
@@ -215,10 +560,11 @@ fn unauthorized() -> WireError {
 }
 
 async fn handle_request(
-    service: &Service,
-    identity: &Identity,
+    state: &ConnectionState,
     request: Request,
 ) -> Result<ResponseBody, WireError> {
+    let service = &state.service;
+    let identity = &state.identity;
     let Request {
         timeout_ms,
         mut flags,
@@ -233,13 +579,39 @@ async fn handle_request(
                 "forwarding nodes do not authenticate",
             ));
         };
+        if token.len() > TOKEN_BYTES_MAX {
+            return Err(WireError::new(
+                ErrorCode::Unauthorized,
+                format!("the bearer token is longer than {TOKEN_BYTES_MAX} bytes"),
+            ));
+        }
         let principal = service.authenticator().authenticate_bearer(token)?;
         if let Ok(mut bound) = bound.lock() {
             *bound = Some(principal.clone());
         }
+        state.authenticated();
         return Ok(ResponseBody::Authenticated(principal));
     }
     let insecure = service.authenticator().insecure_dev_mode();
+    if matches!(identity, Identity::Client(_))
+        && matches!(body, RequestBody::Routing | RequestBody::Status)
+    {
+        let taken = state
+            .routing_status
+            .lock()
+            .map_or(Ok(()), |mut bucket| bucket.take());
+        if let Err(retry_after_ms) = taken {
+            let mut error = WireError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "at most {} Routing and Status requests per second per connection",
+                    state.limits.routing_status_per_s
+                ),
+            );
+            error.retry_after_ms = Some(retry_after_ms);
+            return Err(error);
+        }
+    }
     let principal = match identity {
         Identity::Node(node) => {
             // A forwarding node is trusted to name the principal only when it authenticated
@@ -301,4 +673,86 @@ async fn handle_request(
             body,
         )
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::net::Ipv4Addr;
+
+    use tenure_proto::client::{ResponseFrame, encode_client_frame};
+
+    use super::*;
+
+    fn encoded(response: &Response) -> Encoded {
+        let semaphore = Arc::new(Semaphore::new(2));
+        Encoded {
+            bytes: encode_response(response.clone()),
+            _slot: semaphore.clone().try_acquire_owned().unwrap(),
+            _reply_bytes: semaphore.try_acquire_owned().unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_frame_of_encoded_responses_is_the_encoded_frame() {
+        for count in [1usize, 3, 127, 128, 300] {
+            let responses: Vec<Response> = (0..count as u64)
+                .map(|id| Response {
+                    id: id * 1_000_003,
+                    result: Err(WireError::new(
+                        ErrorCode::NotFound,
+                        "x".repeat(usize::try_from(id % 7).unwrap()),
+                    )),
+                })
+                .collect();
+            let batch: Vec<Encoded> = responses.iter().map(encoded).collect();
+            assert_eq!(
+                response_frame(&batch),
+                encode_client_frame(&ResponseFrame { responses }).unwrap(),
+                "{count} responses"
+            );
+        }
+    }
+
+    #[test]
+    fn connections_are_capped_per_node_and_per_source() {
+        let counts = Arc::new(Mutex::new(ConnectionCounts::default()));
+        let limits = ClientLimitsConfig {
+            connections_max: 3,
+            connections_per_source_max: 2,
+            ..ClientLimitsConfig::default()
+        };
+        let a = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let b = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+        let first = claim_connection(&counts, a, &limits).unwrap();
+        let _second = claim_connection(&counts, a, &limits).unwrap();
+        assert!(
+            claim_connection(&counts, a, &limits)
+                .unwrap_err()
+                .contains("from 10.0.0.1")
+        );
+        let _third = claim_connection(&counts, b, &limits).unwrap();
+        assert!(
+            claim_connection(&counts, b, &limits)
+                .unwrap_err()
+                .contains("on this node")
+        );
+        drop(first);
+        claim_connection(&counts, a, &limits).unwrap();
+    }
+
+    #[test]
+    fn the_routing_bucket_refills_at_its_rate() {
+        let mut bucket = TokenBucket::new(10);
+        let start = bucket.at;
+        for _ in 0..20 {
+            bucket.take_at(start).unwrap();
+        }
+        let wait_ms = bucket.take_at(start).unwrap_err();
+        assert!((1..=100).contains(&wait_ms), "{wait_ms}");
+        let later = start + Duration::from_millis(100);
+        bucket.take_at(later).unwrap();
+        assert!(bucket.take_at(later).is_err());
+    }
 }

@@ -212,6 +212,59 @@ pub struct LimitsConfig {
     /// Longest time a request body may take to arrive, and a response write may stall, in
     /// milliseconds. Default 10,000.
     pub http_body_read_timeout_ms: u64,
+    /// Bounds of native-protocol (QUIC) client connections. In TOML: `[limits.client]`.
+    pub client: ClientLimitsConfig,
+}
+
+/// Bounds of native-protocol (QUIC) client connections: what one connection, authenticated or
+/// not, may make the node hold. Connections of cluster nodes forwarding requests are exempt
+/// (they get the peer limits). See `client_server` for the memory these bound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientLimitsConfig {
+    /// Client connections open on this node at most; beyond, new ones are closed at once.
+    /// Default 1,024.
+    pub connections_max: u32,
+    /// Client connections from one source IP address at most. Default 64.
+    pub connections_per_source_max: u32,
+    /// A connection that has not authenticated (`Authenticate`) within this is closed, in
+    /// milliseconds (not in insecure development mode). Default 5,000.
+    pub auth_timeout_ms: u64,
+    /// Bidirectional QUIC streams a client connection may have open at once. Default 8.
+    pub streams_max: u32,
+    /// QUIC receive window of a client connection (all its streams together, and each stream),
+    /// in bytes. Default 1 MiB (1,048,576).
+    pub receive_window_bytes: u32,
+    /// Requests of an authenticated connection in flight at once (from decoding until the
+    /// reply is written); further frames wait (back-pressure). Default 4,096.
+    pub inflight_requests_max: u32,
+    /// Requests in flight at once on a connection that has not authenticated. Default 16.
+    pub unauthenticated_inflight_requests_max: u32,
+    /// Encoded reply bytes an authenticated connection may have computed and not yet written
+    /// (a client that does not read stops its own requests, not the node). Default 4 MiB.
+    pub reply_bytes_max: u32,
+    /// The same for a connection that has not authenticated. Default 256 KiB (262,144).
+    pub unauthenticated_reply_bytes_max: u32,
+    /// `Routing` and `Status` requests per second per connection (bursts of twice this);
+    /// beyond, `RATE_LIMITED` with a retry hint. Default 20.
+    pub routing_status_per_s: u32,
+}
+
+impl Default for ClientLimitsConfig {
+    fn default() -> Self {
+        ClientLimitsConfig {
+            connections_max: 1_024,
+            connections_per_source_max: 64,
+            auth_timeout_ms: 5_000,
+            streams_max: 8,
+            receive_window_bytes: 1 << 20,
+            inflight_requests_max: 4_096,
+            unauthenticated_inflight_requests_max: 16,
+            reply_bytes_max: 4 << 20,
+            unauthenticated_reply_bytes_max: 256 << 10,
+            routing_status_per_s: 20,
+        }
+    }
 }
 
 impl Default for LimitsConfig {
@@ -238,6 +291,7 @@ impl Default for LimitsConfig {
             http_connections_per_source_max: 1_024,
             http_header_read_timeout_ms: 10_000,
             http_body_read_timeout_ms: 10_000,
+            client: ClientLimitsConfig::default(),
         }
     }
 }
@@ -972,6 +1026,7 @@ impl ServerConfig {
             ));
         }
         positive_u32("limits.inflight_requests_max", l.inflight_requests_max)?;
+        l.client.validate()?;
         positive_u32(
             "limits.tenant_inflight_requests_max",
             l.tenant_inflight_requests_max,
@@ -1218,6 +1273,50 @@ impl ServerConfig {
     /// Fails only for values TOML cannot hold (integers above `i64::MAX`, non-UTF-8 paths).
     pub fn to_toml(&self) -> Result<String, ConfigError> {
         toml::to_string(self).map_err(|error| ConfigError::Serialize(error.to_string()))
+    }
+}
+
+impl ClientLimitsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        positive_u32("limits.client.connections_max", self.connections_max)?;
+        positive_u32(
+            "limits.client.connections_per_source_max",
+            self.connections_per_source_max,
+        )?;
+        positive_u64("limits.client.auth_timeout_ms", self.auth_timeout_ms)?;
+        positive_u32("limits.client.streams_max", self.streams_max)?;
+        if self.receive_window_bytes < 64 << 10 {
+            return Err(ConfigError::invalid(
+                "limits.client.receive_window_bytes",
+                format!("must be at least 65,536, got {}", self.receive_window_bytes),
+            ));
+        }
+        positive_u32(
+            "limits.client.inflight_requests_max",
+            self.inflight_requests_max,
+        )?;
+        positive_u32(
+            "limits.client.unauthenticated_inflight_requests_max",
+            self.unauthenticated_inflight_requests_max,
+        )?;
+        for (field, value) in [
+            ("limits.client.reply_bytes_max", self.reply_bytes_max),
+            (
+                "limits.client.unauthenticated_reply_bytes_max",
+                self.unauthenticated_reply_bytes_max,
+            ),
+        ] {
+            if value < 64 << 10 {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("must be at least 65,536, got {value}"),
+                ));
+            }
+        }
+        positive_u32(
+            "limits.client.routing_status_per_s",
+            self.routing_status_per_s,
+        )
     }
 }
 

@@ -269,6 +269,11 @@ impl Node {
         if let Some(linger_us) = env.lane_linger_us {
             transport_config.linger_us = linger_us;
         }
+        let client_limits = &config.limits.client;
+        transport_config.client_quic.bidi_streams_max = client_limits.streams_max;
+        transport_config.client_quic.stream_receive_window_bytes =
+            client_limits.receive_window_bytes;
+        transport_config.client_quic.receive_window_bytes = client_limits.receive_window_bytes;
         // A memory disk means a simulation: snapshot files are read and written inline there.
         transport_config.inline_file_io = storage.is_in_memory();
         let table = Arc::new(GroupTable::new(spool_dir));

@@ -26,9 +26,8 @@ pub fn abort_on_panic() {
     }));
 }
 
-/// Files RocksDB keeps open at most. The storage crate sets RocksDB's `max_open_files`; this
-/// local value stands for its default until that constant is exposed (issue 19 item 2).
-pub const ROCKSDB_OPEN_FILES_MAX: u64 = 512;
+/// Files RocksDB keeps open at most: the storage's `max_open_files` default.
+pub const ROCKSDB_OPEN_FILES_MAX: u64 = tenure_storage::MAX_OPEN_FILES_DEFAULT as u64;
 /// Descriptors a node uses besides RocksDB's files and HTTP connections: the QUIC endpoint's UDP
 /// socket (every QUIC connection, client or peer, shares it, so the QUIC connection caps cost no
 /// descriptors), the HTTP listener, the log and snapshot files, the runtime's epoll and event

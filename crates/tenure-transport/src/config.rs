@@ -67,6 +67,45 @@ pub struct TransportConfig {
     /// Read and write snapshot files inline on the task instead of on tokio's blocking pool
     /// (a deterministic simulation: no thread of its own). Default false.
     pub inline_file_io: bool,
+    /// QUIC limits every accepted connection starts with, before it proved to be a peer: a
+    /// client's for good (see [`ClientQuicLimits`]).
+    pub client_quic: ClientQuicLimits,
+    /// Incoming handshakes (TLS, and the peer `Hello` or the hand-over to the client protocol)
+    /// in progress at once at most; beyond, new connection attempts are refused. Default 256.
+    pub handshakes_inflight_max: usize,
+}
+
+/// The QUIC limits of an accepted connection until it proved to be a cluster node (the peer
+/// handshake, or a node certificate on a client-protocol connection): a client gets few
+/// streams and small windows, so what it can make the node buffer stays small. A proven peer's
+/// limits are raised to the peer grade ([`grant_peer_limits`](crate::grant_peer_limits)); the
+/// per-stream window, fixed at the handshake, stays `stream_receive_window_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientQuicLimits {
+    /// Bidirectional streams the remote may have open at once. Default 8.
+    pub bidi_streams_max: u32,
+    /// Unidirectional streams the remote may have open at once (the client protocol uses
+    /// none). Default 0.
+    pub uni_streams_max: u32,
+    /// Bytes the remote may send on one stream ahead of the node's reading. Default 1 MiB.
+    pub stream_receive_window_bytes: u32,
+    /// Bytes the remote may send on all streams together ahead of the node's reading.
+    /// Default 1 MiB.
+    pub receive_window_bytes: u32,
+    /// Bytes the node buffers unacknowledged towards the remote. Default 2 MiB.
+    pub send_window_bytes: u64,
+}
+
+impl Default for ClientQuicLimits {
+    fn default() -> Self {
+        ClientQuicLimits {
+            bidi_streams_max: 8,
+            uni_streams_max: 0,
+            stream_receive_window_bytes: 1 << 20,
+            receive_window_bytes: 1 << 20,
+            send_window_bytes: 2 << 20,
+        }
+    }
 }
 
 impl TransportConfig {
@@ -95,6 +134,8 @@ impl TransportConfig {
             idle_timeout_ms: 10_000,
             seed: node_id,
             inline_file_io: false,
+            client_quic: ClientQuicLimits::default(),
+            handshakes_inflight_max: 256,
         }
     }
 

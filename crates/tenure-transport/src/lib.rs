@@ -41,7 +41,7 @@ pub mod testing;
 pub mod tls;
 mod transport;
 
-pub use config::{GroupTiming, TransportConfig};
+pub use config::{ClientQuicLimits, GroupTiming, TransportConfig};
 pub use error::TransportError;
 pub use fault::{FaultInjector, LinkFaults, Verdict};
 pub use heartbeat::spawn_heartbeat_driver;
@@ -50,4 +50,5 @@ pub use registry::{ClientAcceptor, GroupRaft, GroupRegistry, GroupTable};
 pub use stats::{TransportStats, TransportStatsSnapshot};
 pub use transport::{
     CLOSE_DUPLICATE, CLOSE_PROTOCOL_ERROR, CLOSE_REFUSED, CLOSE_SHUTDOWN, Transport, bind_endpoint,
+    grant_peer_limits,
 };

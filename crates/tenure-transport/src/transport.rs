@@ -255,6 +255,7 @@ pub(crate) struct Shared {
     pub(crate) stats: TransportStats,
     shutdown: watch::Sender<bool>,
     pub(crate) snapshot_permits: Semaphore,
+    handshake_permits: Arc<Semaphore>,
     next_stream_id: AtomicU64,
     rng: StdMutex<SmallRng>,
 }
@@ -274,23 +275,69 @@ impl std::fmt::Debug for Transport {
     }
 }
 
-fn quinn_transport_config(config: &TransportConfig) -> Arc<quinn::TransportConfig> {
+/// Bidirectional streams a peer may open: snapshot transfers both ways and the handshake.
+fn peer_bidi_streams(config: &TransportConfig) -> u32 {
+    u32::try_from(config.snapshot_receives_max).unwrap_or(16) * 2 + 8
+}
+
+/// Unidirectional streams a peer may open: its lanes, twice over (a reconnect overlaps).
+fn peer_uni_streams(config: &TransportConfig) -> u32 {
+    u32::try_from(config.lanes_per_peer)
+        .unwrap_or(64)
+        .saturating_mul(2)
+        + 8
+}
+
+/// Receive window of a peer connection (all streams), in bytes.
+const PEER_RECEIVE_WINDOW_BYTES: u32 = 64 * 1024 * 1024;
+/// Receive window of one stream of a connection this node dials, in bytes.
+const PEER_STREAM_RECEIVE_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
+/// Send window of a peer connection, in bytes.
+const PEER_SEND_WINDOW_BYTES: u64 = 64 * 1024 * 1024;
+
+fn common_transport_config(config: &TransportConfig) -> quinn::TransportConfig {
     let mut transport = quinn::TransportConfig::default();
-    let lanes = u32::try_from(config.lanes_per_peer).unwrap_or(64);
-    transport.max_concurrent_uni_streams(VarInt::from_u32(lanes.saturating_mul(2) + 8));
-    transport.max_concurrent_bidi_streams(VarInt::from_u32(
-        u32::try_from(config.snapshot_receives_max).unwrap_or(16) * 2 + 8,
-    ));
     transport.keep_alive_interval(Some(Duration::from_millis(config.keep_alive_ms)));
     if let Ok(idle) =
         quinn::IdleTimeout::try_from(Duration::from_millis(config.idle_timeout_ms.max(1)))
     {
         transport.max_idle_timeout(Some(idle));
     }
-    transport.stream_receive_window(VarInt::from_u32(16 * 1024 * 1024));
-    transport.receive_window(VarInt::from_u32(64 * 1024 * 1024));
-    transport.send_window(64 * 1024 * 1024);
+    transport
+}
+
+/// The limits of connections this node dials (to peers): the peer grade.
+fn quinn_transport_config(config: &TransportConfig) -> Arc<quinn::TransportConfig> {
+    let mut transport = common_transport_config(config);
+    transport.max_concurrent_uni_streams(VarInt::from_u32(peer_uni_streams(config)));
+    transport.max_concurrent_bidi_streams(VarInt::from_u32(peer_bidi_streams(config)));
+    transport.stream_receive_window(VarInt::from_u32(PEER_STREAM_RECEIVE_WINDOW_BYTES));
+    transport.receive_window(VarInt::from_u32(PEER_RECEIVE_WINDOW_BYTES));
+    transport.send_window(PEER_SEND_WINDOW_BYTES);
     Arc::new(transport)
+}
+
+/// The limits every accepted connection starts with: a client's ([`ClientQuicLimits`]); a
+/// connection that proves to be a peer gets [`grant_peer_limits`].
+fn quinn_server_transport_config(config: &TransportConfig) -> Arc<quinn::TransportConfig> {
+    let limits = &config.client_quic;
+    let mut transport = common_transport_config(config);
+    transport.max_concurrent_uni_streams(VarInt::from_u32(limits.uni_streams_max));
+    transport.max_concurrent_bidi_streams(VarInt::from_u32(limits.bidi_streams_max.max(1)));
+    transport.stream_receive_window(VarInt::from_u32(limits.stream_receive_window_bytes));
+    transport.receive_window(VarInt::from_u32(limits.receive_window_bytes));
+    transport.send_window(limits.send_window_bytes);
+    Arc::new(transport)
+}
+
+/// Raises an accepted connection's QUIC limits to the peer grade (streams, connection windows),
+/// once it proved to be a cluster node: the peer handshake does it for peer connections, the
+/// client protocol for a forwarding node's connection.
+pub fn grant_peer_limits(connection: &quinn::Connection, config: &TransportConfig) {
+    connection.set_max_concurrent_uni_streams(VarInt::from_u32(peer_uni_streams(config)));
+    connection.set_max_concurrent_bi_streams(VarInt::from_u32(peer_bidi_streams(config).max(64)));
+    connection.set_receive_window(VarInt::from_u32(PEER_RECEIVE_WINDOW_BYTES));
+    connection.set_send_window(PEER_SEND_WINDOW_BYTES);
 }
 
 /// Binds a node's QUIC endpoint at `addr`, without a server configuration (the transport
@@ -344,8 +391,10 @@ impl Transport {
         faults: Option<Arc<FaultInjector>>,
         client_acceptor: Option<Arc<dyn ClientAcceptor>>,
     ) -> Result<Self, TransportError> {
-        let server_config = tls
-            .quinn_server_config_for(quinn_transport_config(&config), client_acceptor.is_some())?;
+        let server_config = tls.quinn_server_config_for(
+            quinn_server_transport_config(&config),
+            client_acceptor.is_some(),
+        )?;
         endpoint.set_server_config(Some(server_config));
         let client_config = tls.quinn_client_config(quinn_transport_config(&config))?;
         let links = config
@@ -355,6 +404,7 @@ impl Transport {
             .map(|(&id, &addr)| (id, Arc::new(PeerLink::new(id, addr, &config))))
             .collect();
         let snapshot_permits = Semaphore::new(config.snapshot_receives_max.max(1));
+        let handshake_permits = Arc::new(Semaphore::new(config.handshakes_inflight_max.max(1)));
         let rng = StdMutex::new(SmallRng::seed_from_u64(config.seed));
         let shared = Arc::new(Shared {
             config,
@@ -367,6 +417,7 @@ impl Transport {
             stats: TransportStats::default(),
             shutdown: watch::Sender::new(false),
             snapshot_permits,
+            handshake_permits,
             next_stream_id: AtomicU64::new(1),
             rng,
         });
@@ -664,7 +715,23 @@ pub(crate) async fn write_frame(
 
 async fn accept_loop(shared: Arc<Shared>) {
     while let Some(incoming) = shared.endpoint.accept().await {
-        tokio::spawn(handshake_incoming(shared.clone(), incoming));
+        // Handshakes in progress are bounded: each holds TLS state until it completes or times
+        // out, and anyone who can reach the port may start one.
+        let Ok(permit) = shared.handshake_permits.clone().try_acquire_owned() else {
+            add(&shared.stats.connections_refused, 1);
+            debug!(
+                node = shared.node_id(),
+                remote = %incoming.remote_address(),
+                "refused a connection attempt: too many handshakes in progress"
+            );
+            incoming.refuse();
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            handshake_incoming(shared, incoming).await;
+            drop(permit);
+        });
     }
 }
 
@@ -733,6 +800,9 @@ async fn handshake_incoming(shared: Arc<Shared>, incoming: quinn::Incoming) {
         refuse(&shared, &connection, Some(&mut send), &reason).await;
         return;
     }
+    // A proven peer: its lanes and snapshots need the peer limits (before the reply, so its
+    // lanes find room when they open).
+    grant_peer_limits(&connection, &shared.config);
     let reply = Frame::HelloReply(HelloReply {
         accepted: true,
         version: PEER_PROTOCOL_VERSION,
