@@ -201,7 +201,10 @@ async fn forwarded_claimed_principal_from_insecure_peer_is_refused() {
         let (status, body) = http_json(
             "POST",
             &format!("{url}/v1/leases/acquire"),
-            &[(TENANT_HEADER, TENANT)],
+            &[
+                (TENANT_HEADER, TENANT),
+                ("x-tenure-principal-id", "claimed"),
+            ],
             Some(&acquire(&resource, "claimed")),
         )
         .await;
