@@ -14,18 +14,15 @@
 //! Must not depend on: anything but the crate's public API and `tenure-core`'s types.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::collections::BTreeSet;
-use std::fmt::Debug;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bytes::{Bytes, BytesMut};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tenure_core::{
     AcquireRequest, ErrorCode, GroupId, LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply,
     LeaseStatus, LeaseView, ListPage, ListRequest, OverloadReason, QuotaKind, ReleaseReceipt,
     ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey,
 };
+use tenure_golden::Golden;
 use tenure_proto::client::{
     CLIENT_ALPN, CLIENT_PROTOCOL_VERSION, FollowerProgress, GetResult, GroupLeader, GroupStatus,
     LeaseResult, NodeAddress, NodeStatus, Principal, Request, RequestBody, RequestFlags,
@@ -38,146 +35,18 @@ use tenure_proto::{
     decode_frame_body, encode_frame, encode_payload,
 };
 
-/// Compares and (with `TENURE_BLESS=1`) writes golden files under one directory.
-struct Golden {
-    dir: PathBuf,
-    bless: bool,
-    seen: BTreeSet<String>,
-    failures: Vec<String>,
-}
-
-impl Golden {
-    fn new(subdir: &str) -> Self {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+/// The golden files of `subdir` under this crate's `tests/golden/`.
+fn golden(subdir: &str) -> Golden {
+    Golden::new(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/golden")
-            .join(subdir);
-        let bless = std::env::var("TENURE_BLESS").is_ok_and(|v| v == "1");
-        if bless {
-            std::fs::create_dir_all(&dir).unwrap();
-        }
-        Golden {
-            dir,
-            bless,
-            seen: BTreeSet::new(),
-            failures: Vec::new(),
-        }
-    }
-
-    /// Checks `bytes` against `NAME.hex`; returns the committed bytes (or `bytes` when blessing).
-    fn bytes(&mut self, name: &str, bytes: &[u8]) -> Vec<u8> {
-        assert!(self.seen.insert(name.to_owned()), "golden {name} twice");
-        let path = self.dir.join(format!("{name}.hex"));
-        if self.bless {
-            std::fs::write(&path, to_hex(bytes)).unwrap();
-            return bytes.to_vec();
-        }
-        let committed = match std::fs::read_to_string(&path) {
-            Ok(text) => from_hex(&text),
-            Err(error) => {
-                self.failures.push(format!(
-                    "{name}: no golden file {} ({error})",
-                    path.display()
-                ));
-                return bytes.to_vec();
-            }
-        };
-        if committed != bytes {
-            self.failures.push(format!(
-                "{name}: encoding changed\n  committed {}\n  now       {}",
-                to_hex(&committed).replace('\n', ""),
-                to_hex(bytes).replace('\n', "")
-            ));
-        }
-        committed
-    }
-
-    /// Checks a postcard value: its bytes, and that the committed bytes decode to it and encode
-    /// back to themselves.
-    fn value<T: Serialize + DeserializeOwned + PartialEq + Debug>(
-        &mut self,
-        name: &str,
-        value: &T,
-    ) {
-        let bytes = postcard::to_allocvec(value).unwrap();
-        let committed = self.bytes(name, &bytes);
-        match postcard::from_bytes::<T>(&committed) {
-            Ok(decoded) => {
-                if &decoded != value {
-                    self.failures.push(format!(
-                        "{name}: the committed bytes decode to {decoded:?}, expected {value:?}"
-                    ));
-                }
-                if postcard::to_allocvec(&decoded).unwrap() != committed {
-                    self.failures.push(format!(
-                        "{name}: decoding and re-encoding changed the bytes"
-                    ));
-                }
-            }
-            Err(error) => self.failures.push(format!(
-                "{name}: the committed bytes no longer decode: {error}"
-            )),
-        }
-    }
-
-    fn failure(&mut self, text: String) {
-        self.failures.push(text);
-    }
-
-    /// Fails on any mismatch, and on committed files no value produced (a kind that was removed
-    /// or renamed must be removed deliberately).
-    fn finish(self) {
-        let mut failures = self.failures;
-        if !self.bless {
-            let files: BTreeSet<String> = std::fs::read_dir(&self.dir)
-                .map(|entries| {
-                    entries
-                        .filter_map(|entry| entry.ok())
-                        .filter_map(|entry| {
-                            entry
-                                .file_name()
-                                .to_str()
-                                .and_then(|name| name.strip_suffix(".hex"))
-                                .map(str::to_owned)
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            for orphan in files.difference(&self.seen) {
-                failures.push(format!(
-                    "{orphan}.hex in {} is checked by nothing",
-                    self.dir.display()
-                ));
-            }
-        }
-        assert!(
-            failures.is_empty(),
-            "{} golden mismatch(es) in {}: a wire format changed. If deliberate, bump the \
-             protocol version and re-bless with `TENURE_BLESS=1 cargo test \
-             --workspace --all-features --test golden`.\n{}",
-            failures.len(),
-            self.dir.display(),
-            failures.join("\n")
-        );
-    }
+            .join(subdir),
+    )
 }
 
-fn to_hex(bytes: &[u8]) -> String {
-    let mut text = String::new();
-    for line in bytes.chunks(32) {
-        for byte in line {
-            text.push_str(&format!("{byte:02x}"));
-        }
-        text.push('\n');
-    }
-    text
-}
-
-fn from_hex(text: &str) -> Vec<u8> {
-    let digits: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
-    digits
-        .chunks(2)
-        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap())
-        .collect()
+/// Fails on any mismatch of a wire format.
+fn finish(golden: Golden) {
+    golden.finish("a wire format", "bump the protocol version");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -562,7 +431,7 @@ fn responses() -> Vec<(&'static str, Response)> {
 
 #[test]
 fn client_protocol_bytes_are_pinned() {
-    let mut golden = Golden::new("client");
+    let mut golden = golden("client");
     let version = format!("tenure-client/{CLIENT_PROTOCOL_VERSION}");
     golden.bytes("alpn", version.as_bytes());
     if CLIENT_ALPN != version.as_bytes() {
@@ -630,7 +499,7 @@ fn client_protocol_bytes_are_pinned() {
             ReplayStatus::NotAGrant,
         ],
     );
-    golden.finish();
+    finish(golden);
 }
 
 #[test]
@@ -717,7 +586,7 @@ fn peer_frames() -> Vec<(&'static str, Frame)> {
 
 #[test]
 fn peer_protocol_bytes_are_pinned() {
-    let mut golden = Golden::new("peer");
+    let mut golden = golden("peer");
     golden.bytes("version", &PEER_PROTOCOL_VERSION.to_le_bytes());
     for (name, frame) in peer_frames() {
         let mut out = BytesMut::new();
@@ -737,7 +606,7 @@ fn peer_protocol_bytes_are_pinned() {
             Err(error) => golden.failure(format!("{name}: no longer decodes: {error}")),
         }
     }
-    golden.finish();
+    finish(golden);
 }
 
 #[test]

@@ -21,13 +21,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use openraft::Membership;
 use openraft::alias::{SnapshotMetaOf, StoredMembershipOf, VoteOf};
 use openraft::entry::RaftEntry;
 use openraft::impls::BasicNode;
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendError,
+    StreamAppendResult, TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
+};
 use openraft::testing::log_id;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -35,62 +38,40 @@ use tenure_core::{
     AcquireRequest, Command, Entry, GroupId, GroupLimits, LeaseId, LeaseOp, LeaseStateMachine,
     ReleaseRequest, RenewRequest, ResourceKey, SNAPSHOT_FORMAT_VERSION, StateOptions, TenantPolicy,
 };
+use tenure_golden::Golden;
 use tenure_storage::{LogEntry, TenureRaft, codec};
 
-/// Compares and (with `TENURE_BLESS=1`) writes golden files.
-struct Golden {
-    dir: PathBuf,
-    bless: bool,
-    seen: BTreeSet<String>,
-    failures: Vec<String>,
+/// The golden files of `subdir` under this crate's `tests/golden/`.
+fn golden(subdir: &str) -> Golden {
+    Golden::new(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(subdir),
+    )
 }
 
-impl Golden {
-    fn new(subdir: &str) -> Self {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/golden")
-            .join(subdir);
-        let bless = std::env::var("TENURE_BLESS").is_ok_and(|v| v == "1");
-        if bless {
-            std::fs::create_dir_all(&dir).unwrap();
-        }
-        Golden {
-            dir,
-            bless,
-            seen: BTreeSet::new(),
-            failures: Vec::new(),
-        }
-    }
+/// Fails on any mismatch of a storage or Raft payload format.
+fn finish(golden: Golden) {
+    golden.finish(
+        "a storage or Raft payload format",
+        "bump its format version",
+    );
+}
 
-    /// Checks `bytes` against `NAME.hex`; returns the committed bytes (or `bytes` when blessing).
-    fn bytes(&mut self, name: &str, bytes: &[u8]) -> Vec<u8> {
-        assert!(self.seen.insert(name.to_owned()), "golden {name} twice");
-        let path = self.dir.join(format!("{name}.hex"));
-        if self.bless {
-            std::fs::write(&path, to_hex(bytes)).unwrap();
-            return bytes.to_vec();
-        }
-        let committed = match std::fs::read_to_string(&path) {
-            Ok(text) => from_hex(&text),
-            Err(error) => {
-                self.failures.push(format!(
-                    "{name}: no golden file {} ({error})",
-                    path.display()
-                ));
-                return bytes.to_vec();
-            }
-        };
-        if committed != bytes {
-            self.failures.push(format!(
-                "{name}: encoding changed\n  committed {}\n  now       {}",
-                to_hex(&committed).replace('\n', ""),
-                to_hex(bytes).replace('\n', "")
-            ));
-        }
-        committed
-    }
-
+/// The two kinds of value this file pins.
+trait StorageGolden {
     /// A value stored through the codec (checksum and format version in front).
+    fn stored<T: Serialize + DeserializeOwned + PartialEq + Debug>(
+        &mut self,
+        name: &str,
+        value: &T,
+    );
+    /// A bare postcard value (a Raft RPC payload of the peer protocol; openraft's types are
+    /// compared by their `Debug` text, not all of them are `PartialEq`).
+    fn payload<T: Serialize + DeserializeOwned + Debug>(&mut self, name: &str, value: &T);
+}
+
+impl StorageGolden for Golden {
     fn stored<T: Serialize + DeserializeOwned + PartialEq + Debug>(
         &mut self,
         name: &str,
@@ -98,101 +79,19 @@ impl Golden {
     ) {
         let bytes = codec::encode(value).unwrap();
         let committed = self.bytes(name, &bytes);
-        match codec::decode::<T>(&committed) {
-            Ok(decoded) => {
-                if &decoded != value {
-                    self.failures.push(format!(
-                        "{name}: the committed bytes decode to {decoded:?}, expected {value:?}"
-                    ));
-                }
-                if codec::encode(&decoded).unwrap() != committed {
-                    self.failures.push(format!(
-                        "{name}: decoding and re-encoding changed the bytes"
-                    ));
-                }
-            }
-            Err(error) => self.failures.push(format!(
-                "{name}: the committed bytes no longer decode: {error}"
-            )),
-        }
-    }
-
-    /// A bare postcard value (a Raft RPC payload of the peer protocol).
-    fn payload<T: Serialize + DeserializeOwned + Debug>(&mut self, name: &str, value: &T) {
-        let bytes = postcard::to_allocvec(value).unwrap();
-        let committed = self.bytes(name, &bytes);
-        match postcard::from_bytes::<T>(&committed) {
-            Ok(decoded) => {
-                if format!("{decoded:?}") != format!("{value:?}") {
-                    self.failures.push(format!(
-                        "{name}: the committed bytes decode to {decoded:?}, expected {value:?}"
-                    ));
-                }
-                if postcard::to_allocvec(&decoded).unwrap() != committed {
-                    self.failures.push(format!(
-                        "{name}: decoding and re-encoding changed the bytes"
-                    ));
-                }
-            }
-            Err(error) => self.failures.push(format!(
-                "{name}: the committed bytes no longer decode: {error}"
-            )),
-        }
-    }
-
-    fn finish(self) {
-        let mut failures = self.failures;
-        if !self.bless {
-            let files: BTreeSet<String> = std::fs::read_dir(&self.dir)
-                .map(|entries| {
-                    entries
-                        .filter_map(|entry| entry.ok())
-                        .filter_map(|entry| {
-                            entry
-                                .file_name()
-                                .to_str()
-                                .and_then(|name| name.strip_suffix(".hex"))
-                                .map(str::to_owned)
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            for orphan in files.difference(&self.seen) {
-                failures.push(format!(
-                    "{orphan}.hex in {} is checked by nothing",
-                    self.dir.display()
-                ));
-            }
-        }
-        assert!(
-            failures.is_empty(),
-            "{} golden mismatch(es) in {}: a storage or Raft payload format changed. If \
-             deliberate, bump its format version and re-bless with `TENURE_BLESS=1 cargo test \
-             --workspace --all-features --test golden`.\n{}",
-            failures.len(),
-            self.dir.display(),
-            failures.join("\n")
+        self.decodes_back(
+            name,
+            value,
+            &committed,
+            |bytes| codec::decode::<T>(bytes),
+            |value| codec::encode(value).map_err(|error| error.to_string()),
+            PartialEq::eq,
         );
     }
-}
 
-fn to_hex(bytes: &[u8]) -> String {
-    let mut text = String::new();
-    for line in bytes.chunks(32) {
-        for byte in line {
-            text.push_str(&format!("{byte:02x}"));
-        }
-        text.push('\n');
+    fn payload<T: Serialize + DeserializeOwned + Debug>(&mut self, name: &str, value: &T) {
+        self.postcard(name, value, |a, b| format!("{a:?}") == format!("{b:?}"));
     }
-    text
-}
-
-fn from_hex(text: &str) -> Vec<u8> {
-    let digits: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
-    digits
-        .chunks(2)
-        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap())
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -312,7 +211,7 @@ fn vote() -> VoteOf<TenureRaft> {
 
 #[test]
 fn log_entries_and_raft_metadata_bytes_are_pinned() {
-    let mut golden = Golden::new("log");
+    let mut golden = golden("log");
     golden.bytes("value_format_version", &[codec::VALUE_FORMAT_VERSION]);
     for (name, entry) in log_entries() {
         golden.stored(&name, &entry);
@@ -337,12 +236,12 @@ fn log_entries_and_raft_metadata_bytes_are_pinned() {
         ),
     };
     golden.payload("snapshot_meta", &meta);
-    golden.finish();
+    finish(golden);
 }
 
 #[test]
 fn raft_rpc_payloads_are_pinned() {
-    let mut golden = Golden::new("rpc");
+    let mut golden = golden("rpc");
     let entries: Vec<LogEntry> = log_entries()
         .into_iter()
         .map(|(_, entry)| entry)
@@ -411,7 +310,102 @@ fn raft_rpc_payloads_are_pinned() {
             last_log_id: Some(log_id::<TenureRaft>(3, 2, 9)),
         }),
     );
-    golden.finish();
+    // Pipelined replication: `StreamAppendRequest` carries (stream id, request), its answer one
+    // in-order result, `StreamClose` the stream id (tenure-transport's `payloads` types).
+    golden.payload(
+        "rpc_stream_append_request",
+        &(
+            11u64,
+            AppendEntriesRequest::<TenureRaft> {
+                vote: vote(),
+                prev_log_id: Some(log_id::<TenureRaft>(3, 2, 4)),
+                entries: log_entries()
+                    .into_iter()
+                    .map(|(_, entry)| entry)
+                    .take(2)
+                    .collect(),
+                leader_commit: Some(log_id::<TenureRaft>(3, 2, 3)),
+            },
+        ),
+    );
+    let stream_replies: Vec<(&str, Result<StreamAppendResult<TenureRaft>, String>)> = vec![
+        (
+            "rpc_stream_append_matched",
+            Ok(Ok(Some(log_id::<TenureRaft>(3, 2, 6)))),
+        ),
+        ("rpc_stream_append_matched_none", Ok(Ok(None))),
+        (
+            "rpc_stream_append_conflict",
+            Ok(Err(StreamAppendError::Conflict(log_id::<TenureRaft>(
+                3, 2, 4,
+            )))),
+        ),
+        (
+            "rpc_stream_append_higher_vote",
+            Ok(Err(StreamAppendError::HigherVote(openraft::Vote::new(
+                4, 1,
+            )))),
+        ),
+        ("rpc_stream_append_failure", Err("group stopped".to_owned())),
+    ];
+    for (name, reply) in stream_replies {
+        golden.payload(name, &reply);
+    }
+    golden.payload("rpc_stream_close", &11u64);
+    // Leader transfer.
+    golden.payload(
+        "rpc_transfer_leader_request",
+        &TransferLeaderRequest::<TenureRaft>::new(vote(), 3, Some(log_id::<TenureRaft>(3, 2, 9))),
+    );
+    let transfer_replies: Vec<(&str, Result<TransferLeaderResponse<TenureRaft>, String>)> = vec![
+        ("rpc_transfer_leader_accepted", Ok(Ok(()))),
+        (
+            "rpc_transfer_leader_vote_changed",
+            Ok(Err(openraft::raft::TransferLeaderError::VoteChanged {
+                expected: vote(),
+                actual: openraft::Vote::new(4, 1),
+            })),
+        ),
+        (
+            "rpc_transfer_leader_log_not_flushed",
+            Ok(Err(openraft::raft::TransferLeaderError::LogNotFlushed {
+                expected: Some(log_id::<TenureRaft>(3, 2, 9)),
+                actual: Some(log_id::<TenureRaft>(3, 2, 7)),
+            })),
+        ),
+    ];
+    for (name, reply) in transfer_replies {
+        golden.payload(name, &reply);
+    }
+    // Snapshot transfer: the offer header (group, the sender's vote, the snapshot's metadata,
+    // the file's size in bytes; tenure-transport's `SnapshotOffer` struct has these fields in
+    // this order and its unit test checks it reads this file), and the answer.
+    golden.payload(
+        "rpc_snapshot_offer",
+        &(
+            7u32,
+            vote(),
+            SnapshotMetaOf::<TenureRaft> {
+                last_log_id: Some(log_id::<TenureRaft>(3, 2, 9)),
+                last_membership: StoredMembershipOf::<TenureRaft>::new(
+                    Some(log_id::<TenureRaft>(3, 2, 2)),
+                    membership(),
+                ),
+            },
+            4_096u64,
+        ),
+    );
+    golden.payload(
+        "rpc_snapshot_reply",
+        &Ok::<_, String>(SnapshotResponse::<TenureRaft>::new(vote())),
+    );
+    golden.payload(
+        "rpc_snapshot_reply_refused",
+        &Err::<SnapshotResponse<TenureRaft>, String>("snapshot of 9 MiB exceeds 8 MiB".to_owned()),
+    );
+    // A `Failure` message's payload: the reason.
+    golden.payload("rpc_failure", &"unknown group 9".to_owned());
+    finish(golden);
 }
 
 /// A small state: two tenants, an active, a renewed and a released lease, an expired one, and
@@ -448,7 +442,7 @@ fn small_state() -> LeaseStateMachine {
 
 #[test]
 fn snapshot_bytes_are_pinned() {
-    let mut golden = Golden::new("snapshot");
+    let mut golden = golden("snapshot");
     golden.bytes(
         "snapshot_format_version",
         &SNAPSHOT_FORMAT_VERSION.to_le_bytes(),
@@ -459,15 +453,15 @@ fn snapshot_bytes_are_pinned() {
     match LeaseStateMachine::read_snapshot(committed.as_slice(), StateOptions::default()) {
         Ok(restored) => {
             if restored.snapshot_to_vec() != committed {
-                golden.failures.push(
+                golden.failure(
                     "snapshot_small_state: restoring and snapshotting again changed the bytes"
                         .to_owned(),
                 );
             }
         }
-        Err(error) => golden.failures.push(format!(
+        Err(error) => golden.failure(format!(
             "snapshot_small_state: the committed snapshot no longer reads: {error}"
         )),
     }
-    golden.finish();
+    finish(golden);
 }

@@ -517,3 +517,73 @@ async fn receive_and_install(
         .await
         .map_err(|fatal| fatal.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    //! The payload types of this module read the golden files that pin their bytes
+    //! (`crates/tenure-storage/tests/golden/rpc/`, written from the same shapes by tenure-storage's
+    //! golden test, where the Raft types live): a change of a type here that the goldens do not
+    //! follow fails.
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn golden(name: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tenure-storage/tests/golden/rpc")
+            .join(format!("{name}.hex"));
+        tenure_golden::read_hex_file(&path).unwrap()
+    }
+
+    /// Decodes golden `name` as `T` and checks that encoding it again gives the same bytes.
+    fn reads_back<T: Serialize + serde::de::DeserializeOwned + std::fmt::Debug>(name: &str) -> T {
+        let bytes = golden(name);
+        let value: T = decode_payload(&bytes, "golden").unwrap_or_else(|error| {
+            panic!("golden {name} does not decode as this module's payload type: {error}")
+        });
+        assert_eq!(
+            encode_payload(&value).unwrap().as_ref(),
+            bytes.as_slice(),
+            "golden {name}: re-encoding {value:?} changed the bytes"
+        );
+        value
+    }
+
+    #[test]
+    fn payload_types_read_their_golden_files() {
+        let offer: SnapshotOffer = reads_back("rpc_snapshot_offer");
+        assert_eq!(offer.group_id, 7);
+        assert_eq!(offer.size_bytes, 4_096);
+        let (stream_id, request): StreamAppendPayload = reads_back("rpc_stream_append_request");
+        assert_eq!(stream_id, 11);
+        assert_eq!(request.entries.len(), 2);
+        for name in [
+            "rpc_stream_append_matched",
+            "rpc_stream_append_matched_none",
+            "rpc_stream_append_conflict",
+            "rpc_stream_append_higher_vote",
+            "rpc_stream_append_failure",
+        ] {
+            let _: StreamAppendReplyPayload = reads_back(name);
+        }
+        assert_eq!(reads_back::<u64>("rpc_stream_close"), 11);
+        let transfer: TransferLeaderRequest<TenureRaft> = reads_back("rpc_transfer_leader_request");
+        assert_eq!(*transfer.to_node_id(), 3);
+        for name in [
+            "rpc_transfer_leader_accepted",
+            "rpc_transfer_leader_vote_changed",
+            "rpc_transfer_leader_log_not_flushed",
+        ] {
+            let _: TransferLeaderReplyPayload = reads_back(name);
+        }
+        assert!(reads_back::<SnapshotReplyPayload>("rpc_snapshot_reply").is_ok());
+        assert!(reads_back::<SnapshotReplyPayload>("rpc_snapshot_reply_refused").is_err());
+        reads_back::<AppendEntriesRequest<TenureRaft>>("rpc_append_entries_request");
+        let conflict: AppendReplyPayload = reads_back("rpc_append_entries_conflict");
+        assert!(conflict.is_ok());
+        reads_back::<VoteRequest<TenureRaft>>("rpc_vote_request");
+        let vote: VoteReplyPayload = reads_back("rpc_vote_response");
+        assert!(vote.is_ok_and(|vote| vote.vote_granted));
+        assert_eq!(reads_back::<String>("rpc_failure"), "unknown group 9");
+    }
+}

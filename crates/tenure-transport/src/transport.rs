@@ -827,12 +827,7 @@ fn check_hello(
     connection: &quinn::Connection,
     hello: &Hello,
 ) -> Result<(), String> {
-    if hello.version != PEER_PROTOCOL_VERSION {
-        return Err(format!(
-            "unsupported peer protocol version {}; this node speaks {}",
-            hello.version, PEER_PROTOCOL_VERSION
-        ));
-    }
+    hello.check_version().map_err(|error| error.to_string())?;
     if hello.cluster != shared.config.cluster_name {
         return Err(format!(
             "cluster {:?} is not this node's cluster {:?}",
