@@ -1,5 +1,5 @@
 //! The QUIC side of the native client protocol (`tenure_proto::client`): connections arrive
-//! from the transport's endpoint (ALPN `tenure-client/1`); each bidirectional stream carries
+//! from the transport's endpoint (ALPN `tenure-client/2`); each bidirectional stream carries
 //! request frames one way and response frames the other. Requests of a connection run
 //! concurrently; every response ready when a stream's writer wakes goes into one frame.
 //!
@@ -25,6 +25,11 @@
 //!   read its answers therefore stops its own requests (its frames wait, QUIC flow control stops
 //!   its writes), not the node.
 //! - `Routing` and `Status` (answers of ~17 KiB at 64 groups) are rate-limited per connection.
+//! - Refusals: a connection that has not authenticated and has had
+//!   `unauthenticated_refusals_max` requests refused (any error answer) is no longer read: its
+//!   streams are stopped, new streams are not read, and the authentication timeout closes it.
+//!   Otherwise a client that ignores its `UNAUTHORIZED` and `RATE_LIMITED` answers would make the
+//!   node decode and refuse requests as fast as it can write them (CPU, not memory).
 //! - The `Authenticate` token is at most `TOKEN_BYTES_MAX` bytes.
 //!
 //! So one unauthenticated connection holds at most about: its QUIC receive window (1 MiB), one
@@ -35,7 +40,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -84,6 +89,9 @@ const REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(60);
 
 /// Stream reset code for a stream that sent a bad frame.
 const STREAM_PROTOCOL_ERROR: u32 = 2;
+/// Stream stop code for a stream of a connection that is no longer read (too many refusals
+/// before authenticating).
+const STREAM_REFUSED: u32 = 6;
 
 /// Connection close code: the node is starting or stopping.
 const CLOSE_UNAVAILABLE: u32 = 3;
@@ -291,6 +299,10 @@ struct ConnectionState {
     full_budget: AtomicBool,
     limits: ClientLimitsConfig,
     routing_status: Mutex<TokenBucket>,
+    /// Requests refused while the connection had not authenticated.
+    unauthenticated_refusals: AtomicU32,
+    /// Set once `unauthenticated_refusals` reached its maximum: nothing more is read.
+    muted: AtomicBool,
 }
 
 impl ConnectionState {
@@ -319,7 +331,31 @@ impl ConnectionState {
             full_budget: AtomicBool::new(trusted),
             routing_status: Mutex::new(TokenBucket::new(limits.routing_status_per_s)),
             limits: limits.clone(),
+            unauthenticated_refusals: AtomicU32::new(0),
+            muted: AtomicBool::new(false),
         }
+    }
+
+    /// Counts a refused request of a connection that has not authenticated; mutes the
+    /// connection at `unauthenticated_refusals_max`.
+    fn refused(&self) {
+        if self.is_trusted() {
+            return;
+        }
+        let refusals = self.unauthenticated_refusals.fetch_add(1, Ordering::AcqRel) + 1;
+        if refusals >= self.limits.unauthenticated_refusals_max
+            && !self.muted.swap(true, Ordering::AcqRel)
+        {
+            debug!(
+                refusals,
+                "stopped reading a connection that had {refusals} requests refused before authenticating"
+            );
+        }
+    }
+
+    /// True once the connection is no longer read (see [`ConnectionState::refused`]).
+    fn is_muted(&self) -> bool {
+        self.muted.load(Ordering::Acquire)
     }
 
     /// True for a forwarding node, an authenticated client, or any client in insecure mode.
@@ -452,6 +488,10 @@ async fn serve_stream(
         let _ = send.finish();
     });
     loop {
+        if state.is_muted() {
+            let _ = recv.stop(STREAM_REFUSED.into());
+            break;
+        }
         let body = match read_frame_body(&mut recv, state.frame_bytes_max()).await {
             Ok(Some(body)) => body,
             Ok(None) => break,
@@ -475,11 +515,17 @@ async fn serve_stream(
             let Ok(slot) = state.requests.clone().acquire_owned().await else {
                 break;
             };
+            if state.is_muted() {
+                break;
+            }
             let state = state.clone();
             let responses = responses.clone();
             tokio::spawn(async move {
                 let id = request.id;
                 let result = handle_request(&state, request).await;
+                if result.is_err() {
+                    state.refused();
+                }
                 let bytes = encode_response(Response { id, result });
                 let Ok(reply_bytes) = state
                     .reply_bytes

@@ -248,6 +248,12 @@ pub struct ClientLimitsConfig {
     /// `Routing` and `Status` requests per second per connection (bursts of twice this);
     /// beyond, `RATE_LIMITED` with a retry hint. Default 20.
     pub routing_status_per_s: u32,
+    /// Requests a connection that has not authenticated may have refused (`UNAUTHORIZED`,
+    /// `RATE_LIMITED`, any error) before the node stops reading it: its streams are stopped and
+    /// new ones are not read until the authentication timeout closes it. Without this bound a
+    /// client that ignores its refusals makes the node refuse requests as fast as it can write
+    /// them. Default 64.
+    pub unauthenticated_refusals_max: u32,
 }
 
 impl Default for ClientLimitsConfig {
@@ -263,6 +269,7 @@ impl Default for ClientLimitsConfig {
             reply_bytes_max: 4 << 20,
             unauthenticated_reply_bytes_max: 256 << 10,
             routing_status_per_s: 20,
+            unauthenticated_refusals_max: 64,
         }
     }
 }
@@ -361,7 +368,9 @@ pub struct TokenConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
-    /// Sync the WAL before acknowledging (never turn off in production). Default true.
+    /// Sync the WAL before acknowledging. Default true. Off is an insecure switch
+    /// ([`ServerConfig::insecure_switches`]): `tenure serve` refuses it unless started with
+    /// [`ALLOW_INSECURE_FLAG`] on loopback addresses.
     pub fsync: bool,
     /// RocksDB block cache, in bytes. Default 64 MiB (67,108,864).
     pub block_cache_bytes: usize,
@@ -1186,17 +1195,22 @@ impl ServerConfig {
         Ok(())
     }
 
-    /// The switches of this configuration that weaken authentication or the node's clock, or
-    /// open fault injection: each as `(field, value)`, in a fixed order. Empty for a production
-    /// configuration.
+    /// The switches of this configuration that weaken authentication, durability or the node's
+    /// clock, or open fault injection: each as `(field, value)`, in a fixed order. Empty for a
+    /// production configuration.
     ///
-    /// `auth.insecure_dev_mode` trusts claimed principals (and forwards them); `testing.*` lets a
-    /// node's clock run off true time (a leader whose clock runs fast ends leases early in real
-    /// time) or lets `/testing/faults` change it while the node runs.
+    /// `auth.insecure_dev_mode` trusts claimed principals (and forwards them); `storage.fsync =
+    /// false` acknowledges writes a power loss can take back (a lost grant can be granted again
+    /// to another holder); `testing.*` lets a node's clock run off true time (a leader whose
+    /// clock runs fast ends leases early in real time), lets `/testing/faults` change it while
+    /// the node runs, or breaks a guarantee on purpose (negative controls).
     pub fn insecure_switches(&self) -> Vec<(&'static str, String)> {
         let mut switches = Vec::new();
         if self.auth.insecure_dev_mode {
             switches.push(("auth.insecure_dev_mode", "true".to_owned()));
+        }
+        if !self.storage.fsync {
+            switches.push(("storage.fsync", "false".to_owned()));
         }
         if self.testing.fault_control {
             switches.push(("testing.fault_control", "true".to_owned()));
@@ -1259,8 +1273,8 @@ impl ServerConfig {
             return Err(ConfigError::invalid(
                 *field,
                 format!(
-                    "{value} is for tests and development only ({all}): anyone who reaches the \
-                     node could act for any tenant or move its clock; `tenure serve` runs it \
+                    "{value} is for tests and development only ({all}): it weakens \
+                     authentication, durability or the node's clock; `tenure serve` runs it \
                      only on loopback addresses and with the flag {ALLOW_INSECURE_FLAG}"
                 ),
             ));
@@ -1316,6 +1330,10 @@ impl ClientLimitsConfig {
         positive_u32(
             "limits.client.routing_status_per_s",
             self.routing_status_per_s,
+        )?;
+        positive_u32(
+            "limits.client.unauthenticated_refusals_max",
+            self.unauthenticated_refusals_max,
         )
     }
 }
@@ -1368,6 +1386,63 @@ node_key = "certs/node-1.key"
         match config.validate() {
             Err(ConfigError::Invalid { field, .. }) => field,
             other => panic!("expected an invalid field, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn insecure_switch_check_covers_durability_and_every_bound_address() {
+        let secure = minimal();
+        assert!(secure.insecure_switches().is_empty());
+        assert!(secure.check_insecure_switches(false).is_ok());
+
+        let mut no_fsync = minimal();
+        no_fsync.storage.fsync = false;
+        assert_eq!(
+            no_fsync.insecure_switches(),
+            vec![("storage.fsync", "false".to_owned())]
+        );
+        let refused = no_fsync
+            .check_insecure_switches(false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("storage.fsync") && refused.contains(ALLOW_INSECURE_FLAG),
+            "{refused}"
+        );
+        assert!(no_fsync.check_insecure_switches(true).is_ok());
+
+        // One loopback address is not enough: each bound address is checked, IPv6 loopback counts.
+        let cases: [(&str, &str, Option<&str>); 4] = [
+            (
+                "127.0.0.1:7401",
+                "0.0.0.0:7501",
+                Some("http_addr = 0.0.0.0:7501"),
+            ),
+            (
+                "10.0.0.1:7401",
+                "127.0.0.1:7501",
+                Some("addr = 10.0.0.1:7401"),
+            ),
+            ("[::1]:7401", "[::]:7501", Some("http_addr = [::]:7501")),
+            ("[::1]:7401", "127.0.0.1:7501", None),
+        ];
+        for (addr, http_addr, refusal) in cases {
+            let mut config = minimal();
+            config.auth.insecure_dev_mode = true;
+            let own = config.peers.get_mut(&1).unwrap();
+            own.addr = addr.parse().unwrap();
+            own.http_addr = http_addr.parse().unwrap();
+            match (config.check_insecure_switches(true), refusal) {
+                (Ok(()), None) => {}
+                (Err(error), Some(names)) => {
+                    let error = error.to_string();
+                    assert!(
+                        error.contains(names) && error.contains("non-loopback"),
+                        "{addr} / {http_addr}: {error}"
+                    );
+                }
+                (outcome, _) => panic!("{addr} / {http_addr}: unexpected {outcome:?}"),
+            }
         }
     }
 

@@ -1,9 +1,16 @@
 //! `tenure serve`: one node from start until a signal stops it.
 //!
 //! Checks first that the process's descriptor limit can hold everything the node opens (see
-//! [`check_descriptor_limit`]), raising the soft limit to the hard one. Starts the node, then waits for SIGINT or SIGTERM, hands off its groups' leadership and
+//! [`check_descriptor_limit`]), raising the soft limit to the hard one. Starts the node, then
+//! waits for SIGINT or SIGTERM, hands off its groups' leadership and
 //! stops; a second SIGINT during the hand-off exits at once. The `tenure` binary and the
 //! fault-injection suite's node processes both run exactly this.
+//!
+//! It does not check the configuration's test and insecure switches: `tenure serve` does that
+//! before calling it ([`crate::config::ServerConfig::check_insecure_switches`]: refused unless
+//! the operator passes the flag and every bound address is loopback). The fault suite's node
+//! processes call it directly because they run fault control inside network namespaces the suite
+//! creates, on addresses that are not loopback; they are test executables, never shipped.
 //!
 //! Must not depend on: the command line (the caller parses it and loads the configuration).
 

@@ -354,3 +354,81 @@ async fn authenticate_token_has_no_length_bound() {
         "a 5,000-byte token was looked up instead of refused by its length: {error}"
     );
 }
+
+/// Hole: a connection that never authenticated could send requests the node refuses
+/// (`UNAUTHORIZED`, `RATE_LIMITED`) as fast as it could write them, and the node decoded and
+/// refused every one: no memory grew, but the node's CPU went to refusals (the QUIC attack run
+/// fell from 1,386 to 38 workload ops/s). Now, after `unauthenticated_refusals_max` (64)
+/// refusals, the node stops reading the connection; another connection that authenticates is
+/// served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_refusals_are_answered_without_end() {
+    let cluster = ProcessCluster::start_ready(options()).await;
+    let raw = Raw::new(&cluster);
+    let connection = raw.connect().await;
+    let (mut send, mut recv) = connection.open_bi().await.unwrap();
+    let acquire = |n: u64| {
+        RequestBody::Acquire(tenure_core::AcquireRequest {
+            key: tenure_core::ResourceKey::new("acme", format!("r{n}")),
+            holder_id: "h".to_string(),
+            ttl_ms: 10_000,
+            request_id: format!("q{n}"),
+        })
+    };
+    // 4 frames of 250 requests, none of which may be served.
+    let writer = tokio::spawn(async move {
+        for f in 0..4u64 {
+            let bodies = (0..250).map(|i| acquire(f * 250 + i)).collect();
+            if send.write_all(&frame(f * 250, bodies)).await.is_err() {
+                return;
+            }
+        }
+        let _ = send.finish();
+        // Keep the stream open while the answers are read.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    });
+    let mut refused = 0usize;
+    let read = async {
+        loop {
+            let mut prefix = [0u8; 4];
+            if recv.read_exact(&mut prefix).await.is_err() {
+                break;
+            }
+            let length = u32::from_le_bytes(prefix) as usize;
+            assert!(length <= CLIENT_FRAME_BYTES_MAX);
+            let mut body = vec![0u8; length];
+            if recv.read_exact(&mut body).await.is_err() {
+                break;
+            }
+            for response in decode_response_frame(&body).unwrap().responses {
+                let error = response.result.expect_err("an unauthenticated acquire");
+                assert_eq!(error.code, ErrorCode::Unauthorized, "{error}");
+                refused += 1;
+            }
+        }
+    };
+    // The stream ends (the node finished its side) once the node stops reading.
+    let ended = tokio::time::timeout(Duration::from_secs(4), read).await;
+    writer.abort();
+    println!(
+        "an unauthenticated connection sent 1,000 acquires: {refused} refused, then {}",
+        if ended.is_ok() {
+            "the node stopped reading it"
+        } else {
+            "still answering after 4 s"
+        }
+    );
+    assert!(ended.is_ok(), "the node kept answering: {refused} refusals");
+    // The maximum, plus the requests that were in flight when it was reached (at most 16).
+    assert!(
+        (64..=64 + 16).contains(&refused),
+        "{refused} of 1,000 requests were refused before the node stopped reading"
+    );
+    let other = raw.connect().await;
+    authenticate(&other, TOKEN.to_string()).await.unwrap();
+    let answers = exchange(&other, vec![RequestBody::Status]).await;
+    assert!(
+        matches!(answers[0], Ok(ResponseBody::Status(_))),
+        "{answers:?}"
+    );
+}

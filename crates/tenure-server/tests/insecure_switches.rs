@@ -1,6 +1,6 @@
 //! Test and insecure switches are locked out of production (issue 19, item 4): `tenure serve`
-//! refuses `auth.insecure_dev_mode`, `[testing] fault_control`, `clock_rate_ppm` and
-//! `clock_offset_ms` unless `--allow-insecure-loopback-only` is given and every address it binds
+//! refuses `auth.insecure_dev_mode`, `storage.fsync = false`, `[testing] fault_control`,
+//! `clock_rate_ppm`, `clock_offset_ms` and `negative_control` unless `--allow-insecure-loopback-only` is given and every address it binds
 //! is loopback; a secure node refuses a principal that an insecure node forwards on its client's
 //! word; `/testing/faults` answers only authenticated callers.
 #![allow(
@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use common::{ClusterOptions, ProcessCluster, TENANT, TestToken, http_json};
 use serde_json::json;
+use tenure_core::{AcquireRequest, ErrorCode, NegativeControl, ResourceKey};
+use tenure_proto::client::{Principal, RequestBody};
 use tenure_server::config::{PeerConfig, ServerConfig};
 
 /// The flag, spelled out (the test must mean the same flag on every build).
@@ -26,12 +28,11 @@ const FLAG: &str = "--allow-insecure-loopback-only";
 const TENANT_HEADER: &str = "X-Tenure-Principal-Tenant";
 const TOKEN: &str = "token-of-acme";
 
-/// Every switch, as a change of a configuration.
-/// A change of a configuration.
+/// A change of a configuration that turns one switch on.
 type Switch = fn(&mut ServerConfig);
 
 fn switches() -> Vec<(&'static str, Switch)> {
-    vec![
+    let mut switches: Vec<(&'static str, Switch)> = vec![
         ("auth.insecure_dev_mode", |c| {
             c.auth.insecure_dev_mode = true
         }),
@@ -42,7 +43,15 @@ fn switches() -> Vec<(&'static str, Switch)> {
         ("testing.clock_offset_ms", |c| {
             c.testing.clock_offset_ms = 600_000
         }),
-    ]
+        ("storage.fsync", |c| c.storage.fsync = false),
+    ];
+    // A build without the `negative-controls` feature refuses the control in validation already.
+    if NegativeControl::AVAILABLE {
+        switches.push(("testing.negative_control", |c| {
+            c.testing.negative_control = NegativeControl::SkipExpiryCheck
+        }));
+    }
+    switches
 }
 
 /// A one-node configuration with real certificates, binding `ip` on ports free a moment ago.
@@ -232,6 +241,40 @@ async fn forwarded_claimed_principal_from_insecure_peer_is_refused() {
             "a token-authenticated request is forwarded: {body}"
         );
     }
+
+    // The same through the native protocol: a QUIC client of node 1 that names a principal
+    // without a token.
+    let client = cluster.bare_client(1).await.unwrap();
+    for (group, leader) in leaders.iter().enumerate() {
+        let group = u32::try_from(group).unwrap();
+        let leader = leader.leader.unwrap();
+        let resource = cluster.resource_in_group(TENANT, group, "fwd-quic", 0);
+        let claimed = Principal {
+            principal_id: "claimed".to_string(),
+            tenant_id: TENANT.to_string(),
+        };
+        let body = RequestBody::Acquire(AcquireRequest {
+            key: ResourceKey::new(TENANT, &resource),
+            holder_id: "h".to_string(),
+            ttl_ms: 30_000,
+            request_id: format!("claimed-quic-{group}"),
+        });
+        let answer = client
+            .call_with(body, common::forward(), Some(claimed), 0)
+            .await;
+        println!(
+            "group {group} (leader {leader}), claimed principal over QUIC through node 1: {:?}",
+            answer.as_ref().map(|body| body.kind_name())
+        );
+        if leader == 1 {
+            assert!(answer.is_ok(), "{answer:?}");
+        } else {
+            let error = answer.expect_err("a forwarded claimed principal");
+            assert_eq!(error.code, ErrorCode::Unauthorized, "{error}");
+            assert!(error.message.contains("forwarded a principal"), "{error}");
+        }
+    }
+    client.close().await;
 }
 
 /// `/testing/faults` of a node with fault control: refused without credentials, served with a
