@@ -1547,6 +1547,7 @@ mod tests {
                 groups_with_leader: if self.ready { self.groups } else { 0 },
                 groups_led: 1,
                 shutting_down: false,
+                storage_failure: None,
             }
         }
 

@@ -654,12 +654,14 @@ impl NodeShared {
             }
         }
         let shutting_down = self.shutting_down.load(Ordering::SeqCst);
+        let storage_failure = self.storage.node_failure();
         Readiness {
-            ready: with_leader == groups && !shutting_down,
+            ready: with_leader == groups && !shutting_down && storage_failure.is_none(),
             groups,
             groups_with_leader: with_leader,
             groups_led: led,
             shutting_down,
+            storage_failure,
         }
     }
 

@@ -26,7 +26,8 @@ pub struct RequestContext {
 /// Readiness as `GET /readyz` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Readiness {
-    /// True when this node sees a leader for every group and is not shutting down.
+    /// True when this node sees a leader for every group, is not shutting down and its storage
+    /// has not failed.
     pub ready: bool,
     /// Groups in the cluster.
     pub groups: u32,
@@ -36,6 +37,10 @@ pub struct Readiness {
     pub groups_led: u32,
     /// True once a graceful shutdown began.
     pub shutting_down: bool,
+    /// The failure that stopped this node's storage (a failed WAL sync: every group on the node
+    /// stops until it restarts, runbook `ops/runbooks/TenureFsyncSlow.md`), else `None` (JSON
+    /// `null`). A node with a storage failure is not ready.
+    pub storage_failure: Option<String>,
 }
 
 /// The request handler of one node. Cheap to clone.
