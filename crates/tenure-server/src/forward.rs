@@ -1,9 +1,10 @@
 //! Forwarding: this node's connections to other nodes' client endpoints.
 //!
 //! A node that does not lead a key's group and was asked to forward sends the request to the
-//! leader over the native client protocol (ALPN `tenure-client/1`), presenting its own node
-//! certificate; the leader trusts the principal a cluster node names. Forwarded requests never
-//! forward again (one hop).
+//! leader over the native client protocol (ALPN `tenure-client/2`), presenting its own node
+//! certificate; the leader trusts the principal a cluster node names, unless the forwarder marks
+//! it as claimed without authentication (`RequestFlags::principal_claimed`), which only a leader
+//! in insecure development mode accepts. Forwarded requests never forward again (one hop).
 //!
 //! As the client library's links do (`tenure-client`'s `link` module): one QUIC connection per
 //! target node, with [`LANES_PER_NODE`] long-lived bidirectional streams (lanes). A lane's writer
