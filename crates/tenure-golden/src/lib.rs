@@ -37,8 +37,10 @@ impl Golden {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         let dir = dir.into();
         let bless = std::env::var("TENURE_BLESS").is_ok_and(|v| v == "1");
-        if bless && let Err(error) = std::fs::create_dir_all(&dir) {
-            panic!("creating {}: {error}", dir.display());
+        if bless {
+            if let Err(error) = std::fs::create_dir_all(&dir) {
+                panic!("creating {}: {error}", dir.display());
+            }
         }
         Golden {
             dir,

@@ -240,7 +240,8 @@ pub enum ResponseBody {
 pub struct NodeStatus {
     /// The node.
     pub node_id: u64,
-    /// True when the node sees a leader for every group and is not shutting down.
+    /// True when the node sees a leader for every group, is not shutting down and its storage
+    /// has not failed (as `/readyz`).
     pub ready: bool,
     /// True once a graceful shutdown began.
     pub shutting_down: bool,

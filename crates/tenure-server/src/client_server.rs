@@ -89,6 +89,9 @@ const REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(60);
 
 /// Stream reset code for a stream that sent a bad frame.
 const STREAM_PROTOCOL_ERROR: u32 = 2;
+/// How often a muted connection's accept loop looks whether it was unmuted.
+const MUTED_POLL: Duration = Duration::from_millis(200);
+
 /// Stream stop code for a stream of a connection that is no longer read (too many refusals
 /// before authenticating).
 const STREAM_REFUSED: u32 = 6;
@@ -373,6 +376,9 @@ impl ConnectionState {
 
     /// Grows the budgets to the authenticated ones (once).
     fn authenticated(&self) {
+        // An Authenticate that was already running when the connection was muted still counts:
+        // the connection is read again.
+        self.muted.store(false, Ordering::Release);
         if self.full_budget.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -425,9 +431,22 @@ async fn serve_connection(
         }
         _ => None,
     };
-    loop {
+    'accept: loop {
         match connection.accept_bi().await {
             Ok((send, recv)) => {
+                if state.is_muted() {
+                    // Nothing more is read: new streams wait at the QUIC stream limit until
+                    // the authentication timeout closes the connection (or an Authenticate
+                    // that was already running when it was muted unmutes it).
+                    drop((send, recv));
+                    while state.is_muted() {
+                        let closed = tokio::time::timeout(MUTED_POLL, connection.closed());
+                        if closed.await.is_ok() {
+                            break 'accept;
+                        }
+                    }
+                    continue;
+                }
                 tokio::spawn(serve_stream(state.clone(), send, recv));
             }
             Err(error) => {
@@ -488,6 +507,8 @@ async fn serve_stream(
         let _ = send.finish();
     });
     loop {
+        // Checked before each frame: a stream already waiting for its next frame when the
+        // connection was muted reads (and decodes, at most 64 KiB) that one frame, then stops.
         if state.is_muted() {
             let _ = recv.stop(STREAM_REFUSED.into());
             break;

@@ -312,12 +312,20 @@ fn config_check(path: &Path) -> Result<(), Failure> {
     }
     if let Err(error) = config.check_insecure_switches(true) {
         eprintln!("tenure: warning: `tenure serve` will refuse this configuration: {error}");
-    } else if let Some((field, _)) = config.insecure_switches().first() {
-        eprintln!(
-            "tenure: note: {field} is a test/development switch: `tenure serve` runs this \
-             configuration only with {}",
-            config::ALLOW_INSECURE_FLAG
-        );
+    } else {
+        let switches = config.insecure_switches();
+        if !switches.is_empty() {
+            let all: Vec<String> = switches
+                .iter()
+                .map(|(field, value)| format!("{field} = {value}"))
+                .collect();
+            eprintln!(
+                "tenure: note: test/development switches ({}): `tenure serve` runs this \
+                 configuration only with {}",
+                all.join(", "),
+                config::ALLOW_INSECURE_FLAG
+            );
+        }
     }
     Ok(())
 }

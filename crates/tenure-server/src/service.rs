@@ -38,7 +38,7 @@ pub struct Readiness {
     /// True once a graceful shutdown began.
     pub shutting_down: bool,
     /// The failure that stopped this node's storage (a failed WAL sync: every group on the node
-    /// stops until it restarts, runbook `ops/runbooks/TenureFsyncSlow.md`), else `None` (JSON
+    /// stops until it restarts, runbook `ops/runbooks/StorageCorrupt.md`), else `None` (JSON
     /// `null`). A node with a storage failure is not ready.
     pub storage_failure: Option<String>,
 }

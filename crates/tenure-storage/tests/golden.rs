@@ -311,7 +311,7 @@ fn raft_rpc_payloads_are_pinned() {
         }),
     );
     // Pipelined replication: `StreamAppendRequest` carries (stream id, request), its answer one
-    // in-order result, `StreamClose` the stream id (tenure-transport's `payloads` types).
+    // in-order result, `StreamClose` the stream id (the payload aliases of tenure-transport's `inbound` module, whose unit test reads these files).
     golden.payload(
         "rpc_stream_append_request",
         &(

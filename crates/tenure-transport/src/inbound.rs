@@ -579,8 +579,16 @@ mod tests {
         assert!(reads_back::<SnapshotReplyPayload>("rpc_snapshot_reply").is_ok());
         assert!(reads_back::<SnapshotReplyPayload>("rpc_snapshot_reply_refused").is_err());
         reads_back::<AppendEntriesRequest<TenureRaft>>("rpc_append_entries_request");
-        let conflict: AppendReplyPayload = reads_back("rpc_append_entries_conflict");
-        assert!(conflict.is_ok());
+        reads_back::<AppendEntriesRequest<TenureRaft>>("rpc_append_entries_heartbeat");
+        for name in [
+            "rpc_append_entries_success",
+            "rpc_append_entries_partial",
+            "rpc_append_entries_conflict",
+            "rpc_append_entries_higher_vote",
+            "rpc_append_entries_failure",
+        ] {
+            let _: AppendReplyPayload = reads_back(name);
+        }
         reads_back::<VoteRequest<TenureRaft>>("rpc_vote_request");
         let vote: VoteReplyPayload = reads_back("rpc_vote_response");
         assert!(vote.is_ok_and(|vote| vote.vote_granted));
