@@ -89,9 +89,6 @@ const REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(60);
 
 /// Stream reset code for a stream that sent a bad frame.
 const STREAM_PROTOCOL_ERROR: u32 = 2;
-/// How often a muted connection's accept loop looks whether it was unmuted.
-const MUTED_POLL: Duration = Duration::from_millis(200);
-
 /// Stream stop code for a stream of a connection that is no longer read (too many refusals
 /// before authenticating).
 const STREAM_REFUSED: u32 = 6;
@@ -306,6 +303,8 @@ struct ConnectionState {
     unauthenticated_refusals: AtomicU32,
     /// Set once `unauthenticated_refusals` reached its maximum: nothing more is read.
     muted: AtomicBool,
+    /// Wakes a muted connection's accept loop when an Authenticate unmutes it.
+    unmuted: tokio::sync::Notify,
 }
 
 impl ConnectionState {
@@ -336,6 +335,7 @@ impl ConnectionState {
             limits: limits.clone(),
             unauthenticated_refusals: AtomicU32::new(0),
             muted: AtomicBool::new(false),
+            unmuted: tokio::sync::Notify::new(),
         }
     }
 
@@ -378,7 +378,10 @@ impl ConnectionState {
     fn authenticated(&self) {
         // An Authenticate that was already running when the connection was muted still counts:
         // the connection is read again.
-        self.muted.store(false, Ordering::Release);
+        if self.muted.swap(false, Ordering::AcqRel) {
+            // A stored permit: the accept loop wakes even if it was not waiting yet.
+            self.unmuted.notify_one();
+        }
         if self.full_budget.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -439,13 +442,10 @@ async fn serve_connection(
                     // the authentication timeout closes the connection (or an Authenticate
                     // that was already running when it was muted unmutes it).
                     drop((send, recv));
-                    while state.is_muted() {
-                        let closed = tokio::time::timeout(MUTED_POLL, connection.closed());
-                        if closed.await.is_ok() {
-                            break 'accept;
-                        }
+                    tokio::select! {
+                        _ = connection.closed() => break 'accept,
+                        () = state.unmuted.notified() => continue,
                     }
-                    continue;
                 }
                 tokio::spawn(serve_stream(state.clone(), send, recv));
             }

@@ -1248,11 +1248,7 @@ impl ServerConfig {
         let Some((field, value)) = switches.first() else {
             return Ok(());
         };
-        let all: Vec<String> = switches
-            .iter()
-            .map(|(field, value)| format!("{field} = {value}"))
-            .collect();
-        let all = all.join(", ");
+        let all = describe_switches(&switches);
         if let Some(own) = self.own_peer() {
             for (name, addr) in [("addr", own.addr), ("http_addr", own.http_addr)] {
                 if !addr.ip().is_loopback() {
@@ -1288,6 +1284,15 @@ impl ServerConfig {
     pub fn to_toml(&self) -> Result<String, ConfigError> {
         toml::to_string(self).map_err(|error| ConfigError::Serialize(error.to_string()))
     }
+}
+
+/// Switches as `field = value, ...` (see [`ServerConfig::insecure_switches`]), for messages.
+pub fn describe_switches(switches: &[(&'static str, String)]) -> String {
+    let all: Vec<String> = switches
+        .iter()
+        .map(|(field, value)| format!("{field} = {value}"))
+        .collect();
+    all.join(", ")
 }
 
 impl ClientLimitsConfig {

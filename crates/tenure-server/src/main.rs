@@ -315,14 +315,10 @@ fn config_check(path: &Path) -> Result<(), Failure> {
     } else {
         let switches = config.insecure_switches();
         if !switches.is_empty() {
-            let all: Vec<String> = switches
-                .iter()
-                .map(|(field, value)| format!("{field} = {value}"))
-                .collect();
             eprintln!(
                 "tenure: note: test/development switches ({}): `tenure serve` runs this \
                  configuration only with {}",
-                all.join(", "),
+                config::describe_switches(&switches),
                 config::ALLOW_INSECURE_FLAG
             );
         }

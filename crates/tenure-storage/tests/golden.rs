@@ -205,6 +205,17 @@ fn log_entries() -> Vec<(String, LogEntry)> {
     entries
 }
 
+/// Snapshot metadata, as the snapshot pointer and the snapshot offer carry it.
+fn snapshot_meta() -> SnapshotMetaOf<TenureRaft> {
+    SnapshotMetaOf::<TenureRaft> {
+        last_log_id: Some(log_id::<TenureRaft>(3, 2, 9)),
+        last_membership: StoredMembershipOf::<TenureRaft>::new(
+            Some(log_id::<TenureRaft>(3, 2, 2)),
+            membership(),
+        ),
+    }
+}
+
 fn vote() -> VoteOf<TenureRaft> {
     openraft::Vote::new(3, 2)
 }
@@ -228,14 +239,7 @@ fn log_entries_and_raft_metadata_bytes_are_pinned() {
         &None::<openraft::alias::LogIdOf<TenureRaft>>,
     );
     // Snapshot metadata, as the snapshot pointer and the snapshot offer carry it.
-    let meta = SnapshotMetaOf::<TenureRaft> {
-        last_log_id: Some(log_id::<TenureRaft>(3, 2, 9)),
-        last_membership: StoredMembershipOf::<TenureRaft>::new(
-            Some(log_id::<TenureRaft>(3, 2, 2)),
-            membership(),
-        ),
-    };
-    golden.payload("snapshot_meta", &meta);
+    golden.payload("snapshot_meta", &snapshot_meta());
     finish(golden);
 }
 
@@ -311,7 +315,8 @@ fn raft_rpc_payloads_are_pinned() {
         }),
     );
     // Pipelined replication: `StreamAppendRequest` carries (stream id, request), its answer one
-    // in-order result, `StreamClose` the stream id (the payload aliases of tenure-transport's `inbound` module, whose unit test reads these files).
+    // in-order result, `StreamClose` the stream id (the payload aliases of tenure-transport's
+    // `inbound` module, whose unit test reads these files).
     golden.payload(
         "rpc_stream_append_request",
         &(
@@ -382,18 +387,7 @@ fn raft_rpc_payloads_are_pinned() {
     // this order and its unit test checks it reads this file), and the answer.
     golden.payload(
         "rpc_snapshot_offer",
-        &(
-            7u32,
-            vote(),
-            SnapshotMetaOf::<TenureRaft> {
-                last_log_id: Some(log_id::<TenureRaft>(3, 2, 9)),
-                last_membership: StoredMembershipOf::<TenureRaft>::new(
-                    Some(log_id::<TenureRaft>(3, 2, 2)),
-                    membership(),
-                ),
-            },
-            4_096u64,
-        ),
+        &(7u32, vote(), snapshot_meta(), 4_096u64),
     );
     golden.payload(
         "rpc_snapshot_reply",
