@@ -387,10 +387,17 @@ impl GroupHandle {
 
     /// This replica's role, term, log indexes and (when it leads) its followers' progress.
     pub fn status(&self) -> tenure_proto::client::GroupStatus {
-        let is_leader = self.is_ready_leader();
+        let clock = self.leader_clock.lock().ok().map(|clock| *clock);
         let view = self.leader_view();
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow_watched();
+        // The leader clock steps down when the metrics watcher runs; a replica that was paused
+        // while leading may already know a newer term. It claims leadership only for the term
+        // it took over in, never for the newer term (the fault suite's election-safety check
+        // saw "two leaders in term 2" from exactly that mix).
+        let is_leader = clock.is_some_and(|clock| {
+            clock.ready && clock.term > 0 && clock.term == metrics.current_term
+        });
         let followers = metrics
             .replication
             .as_ref()
