@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the time goes under load: starts `tenure dev` (3 nodes, fsync, 64 groups) on loopback,
+# Where the time goes under load: starts `tenure dev` (3 nodes, fsync, its default group count) on loopback,
 # runs loadgen's mixed scenario in closed loop, records every node with `perf record` for 10 s in
 # the middle of the run, and prints the CPU split by component (bench/perf_breakdown.py) plus the
 # nodes' own per-stage histograms (commit latency, fsync, batch sizes) from /metrics.
@@ -15,7 +15,7 @@ if ! command -v perf >/dev/null; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq linux-perf >/dev/null
 fi
 ./scripts/install-deps.sh
-cargo build --release --locked -p tenure-server --bin tenure -p tenure-loadgen --bin loadgen --features tenure-loadgen/etcd
+./scripts/build.sh release
 bin="${CARGO_TARGET_DIR:-target}/release"
 work=$(mktemp -d /tmp/tenure-profile.XXXXXX)
 dev=""; load=""

@@ -548,6 +548,7 @@ async fn run_mix(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome,
         ),
         None => None,
     };
+    let cpu_before = process_cpu_s();
     let start = Instant::now();
     let end = start + config.warmup + config.duration;
     let reporter = Reporter::start(recorder.clone(), config.warmup, config.progress, None);
@@ -570,9 +571,18 @@ async fn run_mix(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome,
         issued += worker_issued;
         missed += worker_missed;
     }
+    let cpu_s = match (cpu_before, process_cpu_s()) {
+        (Some(before), Some(after)) => Some(after - before),
+        _ => None,
+    };
     let (timeline, measured_s) = reporter.finish(end).await?;
     let ops_total: u64 = recorder.summary().iter().map(|(_, op)| op.count).sum();
-    let mut details = json!({ "operations_issued_including_warmup": issued });
+    // The load generator's own CPU (workers, the client library, its connections) over the whole
+    // run, warm-up included, like the operation count beside it.
+    let mut details = json!({
+        "operations_issued_including_warmup": issued,
+        "loadgen_cpu_s": cpu_s,
+    });
     if let Some(rate) = config.rate_ops_per_s {
         #[allow(clippy::cast_precision_loss)]
         let achieved = ops_total as f64 / measured_s.max(1e-9);

@@ -49,6 +49,16 @@ pub const ENTRIES_PER_FSYNC: &str = "tenure_entries_per_fsync";
 pub const TRANSPORT_FRAMES_TOTAL: &str = "tenure_transport_frames_total";
 /// Raft messages sent over the peer transport.
 pub const TRANSPORT_MESSAGES_TOTAL: &str = "tenure_transport_messages_total";
+/// AppendEntries requests of replication streams this node sent (one per follower per message).
+pub const TRANSPORT_APPEND_REQUESTS_TOTAL: &str = "tenure_transport_append_requests_total";
+/// Log entries those AppendEntries requests carried.
+pub const TRANSPORT_APPEND_ENTRIES_TOTAL: &str = "tenure_transport_append_entries_total";
+/// Replication-stream AppendEntries requests without entries (commit index or probe only).
+pub const TRANSPORT_APPEND_REQUESTS_WITHOUT_ENTRIES_TOTAL: &str =
+    "tenure_transport_append_requests_without_entries_total";
+/// WAL sync durations, in seconds (recorded by the storage's RocksDB flusher, an injected
+/// slow-disk delay included).
+pub const FSYNC_DURATION_SECONDS: &str = tenure_storage::FSYNC_DURATION_SECONDS_METRIC;
 /// Raft messages per transport frame (since start).
 pub const TRANSPORT_MESSAGES_PER_FRAME: &str = "tenure_transport_messages_per_frame";
 /// Leadership transfers this node started to balance leaders or to shut down.
@@ -90,6 +100,9 @@ pub const COUNTERS: &[&str] = &[
     FSYNCS_TOTAL,
     TRANSPORT_FRAMES_TOTAL,
     TRANSPORT_MESSAGES_TOTAL,
+    TRANSPORT_APPEND_REQUESTS_TOTAL,
+    TRANSPORT_APPEND_ENTRIES_TOTAL,
+    TRANSPORT_APPEND_REQUESTS_WITHOUT_ENTRIES_TOTAL,
     LEADER_TRANSFERS_TOTAL,
     LEADER_CHANGES_TOTAL,
     HTTP_CONNECTIONS_REFUSED_TOTAL,
@@ -120,6 +133,7 @@ pub const HISTOGRAMS: &[&str] = &[
     RAFT_OPS_PER_ENTRY,
     RENEWALS_PER_REQUEST,
     COMMIT_DURATION_SECONDS,
+    FSYNC_DURATION_SECONDS,
 ];
 
 /// Registers every counter and gauge at zero.

@@ -161,8 +161,9 @@ pub struct NodeEnv {
     pub seed: Option<u64>,
     /// Serve the HTTP gateway (default true).
     pub serve_http: bool,
-    /// The data lanes' linger in microseconds, instead of the transport's default (a
-    /// simulation with a paused clock needs 0 or at least 1000).
+    /// The data lanes' linger in microseconds, instead of the transport's default (see
+    /// `TransportConfig::linger_us`: 0 writes at once, under 1,000 one scheduler pass, else a
+    /// sleep).
     pub lane_linger_us: Option<u64>,
     /// The wall clock the negative control `expire-by-wall-clock` reads instead of the
     /// system's (a simulation's, which its nemesis can jump).
@@ -1116,6 +1117,12 @@ async fn run_gauges(shared: Arc<NodeShared>) {
         let transport = shared.transport.stats();
         ::metrics::counter!(m::TRANSPORT_FRAMES_TOTAL).absolute(transport.frames_sent);
         ::metrics::counter!(m::TRANSPORT_MESSAGES_TOTAL).absolute(transport.messages_sent);
+        ::metrics::counter!(m::TRANSPORT_APPEND_REQUESTS_TOTAL)
+            .absolute(transport.append_requests_sent);
+        ::metrics::counter!(m::TRANSPORT_APPEND_ENTRIES_TOTAL)
+            .absolute(transport.append_entries_sent);
+        ::metrics::counter!(m::TRANSPORT_APPEND_REQUESTS_WITHOUT_ENTRIES_TOTAL)
+            .absolute(transport.append_requests_without_entries_sent);
         if transport.frames_sent > 0 {
             ::metrics::gauge!(m::TRANSPORT_MESSAGES_PER_FRAME)
                 .set(transport.messages_sent as f64 / transport.frames_sent as f64);

@@ -32,6 +32,11 @@ use crate::TenureRaft;
 use crate::backend::{Backend, Batch, MemoryDisk};
 use crate::error::StoreError;
 
+/// The histogram of WAL sync durations (seconds) the RocksDB flusher records through the
+/// `metrics` facade, an injected slow-disk delay included (nothing is recorded unless the process
+/// installed a recorder; a memory disk records nothing).
+pub const FSYNC_DURATION_SECONDS_METRIC: &str = "tenure_fsync_duration_seconds";
+
 /// Column family of log entries.
 pub const CF_LOG: &str = "log";
 /// Column family of per-group Raft metadata (vote, committed, last purged).
@@ -447,7 +452,11 @@ impl Inner {
                 self.check_syncs()
                     .map_err(|_| SyncError::Earlier(self.node_failure_text()))
             };
-            let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let elapsed = started.elapsed();
+            if self.options.fsync {
+                ::metrics::histogram!(FSYNC_DURATION_SECONDS_METRIC).record(elapsed.as_secs_f64());
+            }
+            let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
             self.complete(batch, result, micros);
         }
     }

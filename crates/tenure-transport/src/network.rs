@@ -525,6 +525,14 @@ impl Pipeline {
         &mut self,
         request: AppendEntriesRequest<TenureRaft>,
     ) -> Result<(), TransportError> {
+        add(&self.shared.stats.append_requests_sent, 1);
+        add(
+            &self.shared.stats.append_entries_sent,
+            request.entries.len() as u64,
+        );
+        if request.entries.is_empty() {
+            add(&self.shared.stats.append_requests_without_entries_sent, 1);
+        }
         let payload: StreamAppendPayload = (self.stream_id, request);
         let encoded = encode_payload(&payload)?;
         let deadline = Instant::now() + self.timeout;

@@ -59,6 +59,13 @@ counters! {
     messages_received,
     /// Heartbeats (AppendEntries without entries) sent.
     heartbeats_sent,
+    /// AppendEntries requests of replication streams sent (one per follower per message).
+    append_requests_sent,
+    /// Log entries carried by those requests.
+    append_entries_sent,
+    /// Replication-stream AppendEntries without entries (they only move a follower's commit
+    /// index or probe it).
+    append_requests_without_entries_sent,
     /// Connections that completed the handshake (either direction).
     connections_established,
     /// Incoming connections refused at the handshake (bad certificate, unknown node, version).
