@@ -30,13 +30,15 @@ use std::time::Duration;
 
 use openraft::ReadPolicy;
 use openraft::ServerState;
+use openraft::error::ClientWriteError;
+use openraft::impls::ProgressResponder;
 use openraft::type_config::async_runtime::WatchReceiver;
 use tenure_core::{
     ApplyOutput, Command, CommandResult, Entry, ErrorCode, GroupLimits, LeaseOp, LeaseOutcome,
     LeaseView, ListPage, ListRequest, ResourceKey,
 };
 use tenure_proto::client::WireError;
-use tenure_storage::GroupStateMachine;
+use tenure_storage::{GroupStateMachine, TenureRaft};
 use tenure_transport::GroupRaft;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::{debug, info, warn};
@@ -628,31 +630,53 @@ async fn run_proposer(handle: Arc<GroupHandle>, mut receiver: mpsc::Receiver<Pro
         ::metrics::counter!(m::RAFT_PROPOSALS_TOTAL).increment(1);
         ::metrics::counter!(m::RAFT_PROPOSED_OPS_TOTAL).increment(ops_count as u64);
         ::metrics::histogram!(m::RAFT_OPS_PER_ENTRY).record(ops_count as f64);
-        let raft = handle.raft.clone();
         let group_id = handle.group_id;
+        let proposed = std::time::Instant::now();
+        let (responder, answer) = ProgressResponder::complete_only();
+        // Submitted here, by the proposer itself: entries reach the log in the order their log
+        // times were stamped, while the commits of up to `proposals_inflight_max` of them are
+        // awaited concurrently (a spawned `client_write` per entry could reach Raft out of order).
+        let entry = Entry {
+            log_time_ms: now,
+            command,
+        };
+        if let Err(fatal) = handle.raft.client_write_ff(entry, Some(responder)).await {
+            drop(permit);
+            distribute(
+                Err(unavailable(format!("proposal failed: {fatal}"))),
+                counts,
+                replies,
+            );
+            continue;
+        }
         tokio::spawn(async move {
-            let proposed = std::time::Instant::now();
-            let result = raft
-                .client_write(Entry {
-                    log_time_ms: now,
-                    command,
-                })
-                .await;
+            let result = answer.await;
             drop(permit);
             let outcomes = match result {
-                Ok(response) => {
+                Ok(Ok(response)) => {
                     ::metrics::counter!(m::RAFT_COMMITS_TOTAL).increment(1);
                     ::metrics::histogram!(m::COMMIT_DURATION_SECONDS)
                         .record(proposed.elapsed().as_secs_f64());
                     outcomes_of(group_id, response.data)
                 }
-                Err(error) => Err(match error.forward_to_leader() {
-                    Some(forward) => not_leader(group_id, forward.leader_id),
-                    None => unavailable(format!("proposal failed: {error}")),
-                }),
+                Ok(Err(error)) => Err(write_error(group_id, error)),
+                Err(_) => Err(unavailable(
+                    "the proposal was dropped before it was answered",
+                )),
             };
             distribute(outcomes, counts, replies);
         });
+    }
+}
+
+/// The wire error for a write Raft refused or could not finish. An entry discarded at a leader
+/// change may still commit through another leader: the caller's retry with the same request id
+/// finds its outcome.
+fn write_error(group_id: u32, error: ClientWriteError<TenureRaft>) -> WireError {
+    match error {
+        ClientWriteError::ForwardToLeader(forward)
+        | ClientWriteError::LogEntryDiscarded(forward) => not_leader(group_id, forward.leader_id),
+        other => unavailable(format!("proposal failed: {other}")),
     }
 }
 

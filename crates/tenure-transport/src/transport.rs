@@ -6,8 +6,10 @@
 //! `lanes_per_peer` bounded outbound queues, each drained by a lane writer onto its own long-lived
 //! unidirectional stream, and the table of requests waiting for an answer.
 //!
-//! A lane writer takes everything queued on its lane up to `batch_bytes_max` (waiting up to
-//! `linger_us` for more when the queue ran dry) and writes it as one batch frame: under load many
+//! A lane writer takes everything queued on its lane up to `batch_bytes_max` (when the queue ran
+//! dry and its linger is under a millisecond, after one more pass of the scheduler; with a longer
+//! linger, such as the control lane's `control_linger_us`, after sleeping until it ends) and
+//! writes it as one batch frame: under load many
 //! Raft messages share a frame and a syscall, and every heartbeat due to one peer at a driver tick
 //! leaves in one frame. Readers decode frames from the peer's lanes and hand each message to
 //! `inbound` (requests) or to the waiting requester (responses).
@@ -1118,10 +1120,9 @@ async fn lane_writer(
             first.correlation_id,
             &first.payload,
         );
-        // The runtime's clock (a simulation pauses it). Under a paused clock only a linger of 0
-        // or of at least a millisecond is allowed: the short linger below yields until time
-        // passes, and paused time does not pass while a task keeps yielding.
+        // The runtime's clock (a simulation pauses it).
         let linger_until = Instant::now() + linger;
+        let mut yielded = false;
         loop {
             while batch.frame_len() < batch_bytes_max {
                 match receiver.try_recv() {
@@ -1134,19 +1135,25 @@ async fn lane_writer(
                     Err(_) => break,
                 }
             }
-            if batch.frame_len() >= batch_bytes_max
-                || linger.is_zero()
-                || Instant::now() >= linger_until
-            {
+            if batch.frame_len() >= batch_bytes_max || linger.is_zero() {
                 break;
             }
             if linger >= Duration::from_millis(1) {
-                // A long linger (control lane) sleeps rather than spins; the timer's resolution
-                // is a millisecond.
+                // A long linger (control lane) sleeps; the timer's resolution is a millisecond.
+                if Instant::now() >= linger_until {
+                    break;
+                }
                 tokio::time::sleep_until(linger_until).await;
             } else {
-                // A short linger lets the tasks producing messages run before a frame that is
-                // not full is written.
+                // A short linger is one pass of the scheduler: the tasks that are ready to
+                // produce messages (the other groups' replication streams woken by the same
+                // event) run once, and then the frame leaves. Never a spin: a loop of yields
+                // until a deadline kept a worker thread busy for the whole linger of every
+                // frame, and took the time slices the other processes on the machine needed.
+                if yielded {
+                    break;
+                }
+                yielded = true;
                 tokio::task::yield_now().await;
             }
         }
