@@ -7,14 +7,14 @@
 #   SCENARIOS="mixed" DURATION=10s ./bench/compare-etcd.sh
 #
 # For each system: a 3-node tenure (`tenure dev`: separate node processes, RocksDB with fsync,
-# 64 Raft groups) or a 3-member etcd (Debian's etcd-server, fsync always on), all on 127.0.0.1,
+# its default Raft group count) or a 3-member etcd (Debian's etcd-server, fsync always on), all on 127.0.0.1,
 # in a fresh temporary directory. For acquire, mixed and contended it runs `loadgen` twice: closed
 # loop with $WORKERS workers after a warm-up (saturation), then open loop at half the throughput
 # that run reached (latency from the intended start). hold acquires $HOLD_LEASES leases and keeps
 # them for $HOLD_S seconds; expiry lets $EXPIRY_LEASES leases expire at once. Server CPU is read
 # from /proc for each run. It prints a side-by-side table with ratios and writes every JSON report,
 # SVG plot and log under $OUT (default bench/results/compare-<time>). TENURE_GROUPS sets tenure's
-# Raft group count (default 64, as ./scripts/run.sh).
+# Raft group count (default: `tenure dev`'s, 4 per core, 8 to 64, as ./scripts/run.sh).
 #
 # Bounded: every loadgen run has its own timeout and the whole script stops itself after
 # $TIME_LIMIT_S seconds (default 2700); the servers are stopped and their data deleted on exit.
@@ -30,13 +30,13 @@ WORKERS=${WORKERS:-1024}
 HOLD_LEASES=${HOLD_LEASES:-100000}
 HOLD_S=${HOLD_S:-30}
 EXPIRY_LEASES=${EXPIRY_LEASES:-10000}
-TENURE_GROUPS=${TENURE_GROUPS:-64}
+TENURE_GROUPS=${TENURE_GROUPS:-}
 TIME_LIMIT_S=${TIME_LIMIT_S:-2700}
 OUT=${OUT:-bench/results/compare-$(date -u +%Y%m%dT%H%M%SZ)}
 
 # install-deps.sh installs etcd-server and protobuf-compiler (etcd client build) with the rest.
 ./scripts/install-deps.sh
-cargo build --release --locked -p tenure-server --bin tenure -p tenure-loadgen --bin loadgen --features tenure-loadgen/etcd
+./scripts/build.sh release
 bin="${CARGO_TARGET_DIR:-target}/release"
 
 mkdir -p "$OUT"
@@ -88,7 +88,7 @@ server_tree() {
 }
 
 start_tenure() {
-  "$bin/tenure" dev --base-port 0 --groups "$TENURE_GROUPS" --data-dir "$work/tenure" --duration-s "$TIME_LIMIT_S" \
+  "$bin/tenure" dev --base-port 0 ${TENURE_GROUPS:+--groups "$TENURE_GROUPS"} --data-dir "$work/tenure" --duration-s "$TIME_LIMIT_S" \
     >"$OUT/tenure-dev.log" 2>&1 &
   server_pids=($!)
   for _ in $(seq 600); do

@@ -23,6 +23,11 @@ use tenure_client::{Client, ClientConfig, Credentials, Endpoint};
 use tenure_loadgen::keys::{KeyChooser, KeyDistribution};
 use tenure_loadgen::report::Report;
 use tenure_loadgen::scenario::{self, LoadConfig, Mix, ScenarioKind};
+
+/// mimalloc instead of glibc's malloc: allocation was about 15% of a node's CPU under load
+/// (perf), much of it `_int_malloc` and `malloc_consolidate`.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use tenure_loadgen::target::http::{HttpCredentials, HttpTarget};
 use tenure_loadgen::target::tenure::TenureTarget;
 use tenure_loadgen::target::{Target, TargetKind};

@@ -40,8 +40,30 @@ use crate::config::{self, PeerConfig, ServerConfig};
 pub const DEFAULT_DIR: &str = "tenure-dev";
 /// Default number of nodes.
 pub const DEFAULT_NODES: u32 = 3;
-/// Default number of groups.
-pub const DEFAULT_GROUPS: u32 = 64;
+/// Groups per core of the machine in a new development cluster (see [`default_groups`]).
+pub const GROUPS_PER_CORE: u32 = 4;
+/// Fewest groups a new development cluster gets by default.
+pub const DEFAULT_GROUPS_MIN: u32 = 8;
+/// Most groups a new development cluster gets by default.
+pub const DEFAULT_GROUPS_MAX: u32 = 64;
+
+/// The number of groups of a new development cluster when `--groups` is not given: four per
+/// core available to this process, at least 8 and at most 64 (8 on a 2-core machine, 64 from 16
+/// cores on).
+///
+/// Why it follows the cores: every node of a development cluster shares this machine, and a
+/// Raft entry costs about the same CPU whatever it carries, so the fewer groups share the load,
+/// the more operations each entry carries. On a 2-core machine with three nodes
+/// (`bench/perf-smoke.sh`, mixed 20/70/10, 1,024 callers) 8 groups served about 19.7k ops/s at
+/// 55 operations per entry, 64 groups 12.7k at 8, 256 groups 4.7k at 2. At least 8 keeps the
+/// leaders spread over the nodes; placement slots do not depend on the group count.
+pub fn default_groups() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let cores = u32::try_from(cores).unwrap_or(u32::MAX);
+    cores
+        .saturating_mul(GROUPS_PER_CORE)
+        .clamp(DEFAULT_GROUPS_MIN, DEFAULT_GROUPS_MAX)
+}
 /// Default base port: node N listens on `base + N` (QUIC, UDP) and `base + 100 + N` (HTTP).
 pub const DEFAULT_BASE_PORT: u16 = 7400;
 /// Largest number of nodes (HTTP ports start 100 above the QUIC ports).
@@ -65,7 +87,7 @@ pub struct DevOptions {
     pub data_dir: PathBuf,
     /// Number of nodes (default 3).
     pub nodes: Option<u32>,
-    /// Number of groups (default 64).
+    /// Number of groups (default: [`default_groups`], four per core, 8 to 64).
     pub groups: Option<u32>,
     /// Base port (default 7400); 0 picks free ports.
     pub base_port: Option<u16>,
@@ -76,7 +98,7 @@ pub struct DevOptions {
     /// How long every node may take to become ready.
     pub ready_timeout: Duration,
     /// The node executable (default: this executable). It is run as
-    /// `EXE serve --config FILE --allow-insecure-loopback-only`.
+    /// `EXE serve --config FILE --allow-insecure-loopback-only --worker-threads N`.
     pub executable: Option<PathBuf>,
 }
 
@@ -387,7 +409,7 @@ fn reuse(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
 
 fn create(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
     let nodes = options.nodes.unwrap_or(DEFAULT_NODES);
-    let groups = options.groups.unwrap_or(DEFAULT_GROUPS);
+    let groups = options.groups.unwrap_or_else(default_groups);
     let base_port = options.base_port.unwrap_or(DEFAULT_BASE_PORT);
     let fsync = options.fsync.unwrap_or(true);
     if nodes == 0 || nodes > NODES_MAX {
@@ -636,7 +658,18 @@ struct Running {
     http_addr: SocketAddr,
 }
 
-fn spawn_node(executable: &Path, node: &DevNode) -> Result<Running, DevError> {
+/// Worker threads of each node's runtime when `nodes` node processes share this machine: the
+/// cores available to this process divided among them, at least one each. (With a runtime per
+/// node sized for the whole machine, three nodes on two cores run six worker threads that take
+/// time slices from each other whenever they look for work.)
+pub fn node_worker_threads(nodes: u32) -> u16 {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let per_node = cores / usize::try_from(nodes.max(1)).unwrap_or(usize::MAX);
+    // `tenure serve --worker-threads` takes 1 to 1024.
+    u16::try_from(per_node.clamp(1, 1024)).unwrap_or(1024)
+}
+
+fn spawn_node(executable: &Path, node: &DevNode, worker_threads: u16) -> Result<Running, DevError> {
     let spawn_error = |source| DevError::Spawn {
         node: node.id,
         executable: executable.to_owned(),
@@ -662,6 +695,8 @@ fn spawn_node(executable: &Path, node: &DevNode) -> Result<Running, DevError> {
         // Development nodes trust claimed principals (auth.insecure_dev_mode); `tenure serve`
         // runs that only with this flag and only on loopback, which is all `tenure dev` binds.
         .arg(crate::config::ALLOW_INSECURE_FLAG)
+        .arg("--worker-threads")
+        .arg(worker_threads.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(stderr))
@@ -848,9 +883,10 @@ pub async fn run(options: DevOptions) -> Result<(), DevError> {
         "starting the development cluster"
     );
 
+    let worker_threads = node_worker_threads(cluster.shape.nodes);
     let mut running = Vec::new();
     for node in &cluster.nodes {
-        match spawn_node(&executable, node) {
+        match spawn_node(&executable, node, worker_threads) {
             Ok(process) => running.push(process),
             Err(error) => {
                 stop_all(&mut running).await;
@@ -980,13 +1016,30 @@ mod tests {
     }
 
     #[test]
+    fn defaults_follow_the_cores_available() {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let groups = default_groups();
+        assert!((DEFAULT_GROUPS_MIN..=DEFAULT_GROUPS_MAX).contains(&groups));
+        let expected = (cores * 4).clamp(8, 64);
+        assert_eq!(usize::try_from(groups).unwrap(), expected, "{cores} cores");
+        // The nodes of one machine share its cores, at least one worker thread each.
+        assert_eq!(
+            usize::from(node_worker_threads(1)),
+            cores,
+            "a lone node gets every core"
+        );
+        assert_eq!(node_worker_threads(u32::MAX), 1);
+        assert_eq!(node_worker_threads(0), node_worker_threads(1));
+    }
+
+    #[test]
     fn first_run_writes_configs_certs_and_shape() {
         let temp = tempfile::tempdir().unwrap();
         let dir = temp.path().join("dev");
         let cluster = prepare(&options(&dir)).unwrap();
         assert!(cluster.created);
         assert_eq!(cluster.shape.nodes, 3);
-        assert_eq!(cluster.shape.groups, 64);
+        assert_eq!(cluster.shape.groups, default_groups());
         assert_eq!(cluster.shape.replication_factor, 3);
         assert_eq!(cluster.ca_cert, dir.join("certs/ca.pem"));
         for node in &cluster.nodes {
@@ -1002,7 +1055,7 @@ mod tests {
         }
         let json: serde_json::Value =
             serde_json::from_str(&cluster.cluster_json().unwrap()).unwrap();
-        assert_eq!(json["groups"], 64);
+        assert_eq!(json["groups"], default_groups());
         assert_eq!(json["nodes"][0]["id"], 1);
         assert_eq!(json["nodes"][0]["client"], "127.0.0.1:7401");
         assert_eq!(json["nodes"][2]["http"], "http://127.0.0.1:7503");
