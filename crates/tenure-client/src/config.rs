@@ -114,9 +114,10 @@ pub struct RenewPolicy {
     /// A lease is renewed this fraction of its ttl after the send time of its last confirmed
     /// acquire or renewal, as parts per million (default 333,333: one third).
     pub renew_after_ppm: u32,
-    /// Leases due within this window of the earliest due one are renewed with it, grouped per
-    /// Raft group into Batch requests (so renewal cohorts form and stay aligned). Capped at one
-    /// sixth of the lease's ttl, so a lease is never renewed before a sixth of its ttl passed.
+    /// Leases of the same (group, tenant) due within this window of now are renewed in the
+    /// Batch request of that queue's most urgent due lease (so renewal cohorts form and stay
+    /// aligned). Capped at one sixth of the lease's ttl, so a lease is never renewed before a
+    /// sixth of its ttl passed.
     pub coalesce_window: Duration,
     /// Most renewals in one Batch request (the server's proposer packs at most 256 operations
     /// per log entry; a Batch is never split).

@@ -1,19 +1,27 @@
 //! The renewer: one task per client that keeps every auto-renewed [`crate::Lease`] alive.
 //!
 //! Each lease is due for renewal `renew_after_ppm` of its ttl after the send time of its last
-//! confirmed acquire or renewal. When the earliest lease is due, every lease due within the
-//! coalescing window (at most a sixth of its ttl) is renewed with it: renewals are grouped by
-//! (group, tenant) into Batch requests of at most `batch_ops_max` operations, at most
-//! `batches_inflight_max` of them in flight. Leases renewed in one batch share a send time, so
-//! they stay due together: cohorts only merge, and holding N leases costs about
-//! groups x cohorts requests per renewal period instead of N.
+//! confirmed acquire or renewal. Due leases wait in one queue per (group, tenant) (the leases one
+//! Batch request may carry), and the queues are ordered by their most urgent lease. Whenever a
+//! batch slot is free (at most `batches_inflight_max` batches in flight), the queue holding the
+//! most urgent lease sends one Batch request: its due leases, most urgent first, with the leases
+//! of the same queue due within the coalescing window (at most a sixth of their ttl), up to
+//! `batch_ops_max` operations. Leases renewed in one batch share a send time, so they stay due
+//! together: cohorts only merge, and holding N leases costs about groups x cohorts requests per
+//! renewal period instead of N.
+//!
+//! Scheduling costs O(log n) per lease renewed, whatever the number of leases held: a batch looks
+//! at no more than `BATCH_SCAN_FACTOR` x `batch_ops_max` leases of its queue, and nothing walks
+//! the whole set of due leases. (With a million leases held, a renewer that regrouped every due
+//! lease each time a batch finished fell behind, and the further behind it was the more each
+//! batch cost, until leases reached their loss time.)
 //!
 //! The renewer also fires each lease's loss signal: when a renewal is refused, or when its safe
 //! deadline less the loss-signal lead comes without a confirmed renewal.
 //!
 //! Must not depend on: connections (it calls the client).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -57,12 +65,99 @@ pub(crate) enum RenewOutcome {
     Retry,
 }
 
+/// A batch looks at no more than this many times `batch_ops_max` queued leases (leases inside
+/// the coalescing window but outside their own, shorter one are looked at and left).
+const BATCH_SCAN_FACTOR: usize = 4;
+
 struct Entry {
     lease: Arc<LeaseShared>,
+    /// The lease's (group, tenant) queue.
+    queue: usize,
+    /// Whether the renewer renews it (else it only watches its deadline).
+    auto_renew: bool,
     next_renew_at: Instant,
     loss_at: Instant,
     in_flight: bool,
     failures: u32,
+}
+
+/// The due leases of one (group, tenant): the leases one Batch request may carry.
+struct DueQueue {
+    group: u32,
+    tenant: String,
+    due: BTreeSet<(Instant, u64)>,
+}
+
+/// Due leases, one queue per (group, tenant), the queues ordered by their earliest due time.
+#[derive(Default)]
+struct DueQueues {
+    queues: Vec<DueQueue>,
+    /// Queue index by group, then tenant (looked up without allocating).
+    index: HashMap<u32, HashMap<String, usize>>,
+    /// `(earliest due time, queue)` of every non-empty queue.
+    by_earliest: BTreeSet<(Instant, usize)>,
+}
+
+impl DueQueues {
+    /// The queue of `(group, tenant)`, made on first use (queues are never removed: there are
+    /// at most groups x tenants of them).
+    fn queue_of(&mut self, group: u32, tenant: &str) -> usize {
+        if let Some(&queue) = self.index.get(&group).and_then(|map| map.get(tenant)) {
+            return queue;
+        }
+        let queue = self.queues.len();
+        self.queues.push(DueQueue {
+            group,
+            tenant: tenant.to_owned(),
+            due: BTreeSet::new(),
+        });
+        self.index
+            .entry(group)
+            .or_default()
+            .insert(tenant.to_owned(), queue);
+        queue
+    }
+
+    fn earliest(&self, queue: usize) -> Option<Instant> {
+        self.queues
+            .get(queue)
+            .and_then(|q| q.due.first().map(|(at, _)| *at))
+    }
+
+    /// Runs `change` on one queue and keeps `by_earliest` in step with its earliest due time.
+    fn update(&mut self, queue: usize, change: impl FnOnce(&mut BTreeSet<(Instant, u64)>)) {
+        let before = self.earliest(queue);
+        let Some(q) = self.queues.get_mut(queue) else {
+            return;
+        };
+        change(&mut q.due);
+        let after = self.earliest(queue);
+        if before != after {
+            if let Some(at) = before {
+                self.by_earliest.remove(&(at, queue));
+            }
+            if let Some(at) = after {
+                self.by_earliest.insert((at, queue));
+            }
+        }
+    }
+
+    fn insert(&mut self, queue: usize, at: Instant, id: u64) {
+        self.update(queue, |due| {
+            due.insert((at, id));
+        });
+    }
+
+    fn remove(&mut self, queue: usize, at: Instant, id: u64) {
+        self.update(queue, |due| {
+            due.remove(&(at, id));
+        });
+    }
+
+    /// The earliest due time of all leases, and its queue.
+    fn first(&self) -> Option<(Instant, usize)> {
+        self.by_earliest.first().copied()
+    }
 }
 
 struct Renewer {
@@ -70,7 +165,7 @@ struct Renewer {
     entries: BTreeMap<u64, Entry>,
     /// Handles of each lease (usually one).
     by_lease: BTreeMap<LeaseId, Vec<u64>>,
-    due: BTreeSet<(Instant, u64)>,
+    due: DueQueues,
     deadlines: BTreeSet<(Instant, u64)>,
     batches: Arc<Semaphore>,
     blocked: bool,
@@ -88,7 +183,7 @@ pub(crate) async fn run_renewer(
         weak,
         entries: BTreeMap::new(),
         by_lease: BTreeMap::new(),
-        due: BTreeSet::new(),
+        due: DueQueues::default(),
         deadlines: BTreeSet::new(),
         batches: Arc::new(Semaphore::new(batches_max)),
         blocked: false,
@@ -129,7 +224,7 @@ impl Renewer {
         let due = if self.blocked {
             None
         } else {
-            self.due.first().map(|(at, _)| *at)
+            self.due.first().map(|(at, _)| at)
         };
         match (loss, due) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -171,7 +266,9 @@ impl Renewer {
                 self.by_lease.remove(&entry.lease.lease_id);
             }
         }
-        self.due.remove(&(entry.next_renew_at, id));
+        if entry.auto_renew && !entry.in_flight {
+            self.due.remove(entry.queue, entry.next_renew_at, id);
+        }
         self.deadlines.remove(&(entry.loss_at, id));
         self.set_counts();
         Some(entry)
@@ -190,8 +287,9 @@ impl Renewer {
                     .map_or_else(|p| p.into_inner().last_sent_at, |t| t.last_sent_at);
                 let next_renew_at = sent_at + self.renew_after(&lease, &client);
                 let loss_at = self.loss_at(&lease, &client);
+                let queue = self.due.queue_of(lease.group_id, &lease.key.tenant_id);
                 if auto_renew {
-                    self.due.insert((next_renew_at, id));
+                    self.due.insert(queue, next_renew_at, id);
                 }
                 self.deadlines.insert((loss_at, id));
                 self.by_lease.entry(lease.lease_id).or_default().push(id);
@@ -199,6 +297,8 @@ impl Renewer {
                     id,
                     Entry {
                         lease,
+                        queue,
+                        auto_renew,
                         next_renew_at,
                         loss_at,
                         in_flight: false,
@@ -277,7 +377,9 @@ impl Renewer {
             }
         }
         entry.loss_at = self.loss_at(&entry.lease, client);
-        self.due.insert((entry.next_renew_at, id));
+        if entry.auto_renew {
+            self.due.insert(entry.queue, entry.next_renew_at, id);
+        }
         self.deadlines.insert((entry.loss_at, id));
         self.by_lease
             .entry(entry.lease.lease_id)
@@ -304,52 +406,65 @@ impl Renewer {
         if self.blocked {
             return;
         }
-        let Some(&(first_due, _)) = self.due.first() else {
-            return;
-        };
-        if first_due > now {
-            return;
-        }
         let Some(client) = self.client() else {
             return;
         };
         let config = &client.config().renew;
-        let horizon = now + config.coalesce_window;
-        let mut picked: BTreeMap<(u32, String), Vec<u64>> = BTreeMap::new();
-        for &(at, id) in self.due.range(..=(horizon, u64::MAX)) {
-            let Some(entry) = self.entries.get(&id) else {
-                continue;
-            };
-            let own_window = config
-                .coalesce_window
-                .min(Duration::from_millis(entry.lease.ttl_ms / 6));
-            if at > now + own_window {
-                continue;
+        // One batch per free slot, each from the queue holding the most urgent lease.
+        while let Some((first_due, queue)) = self.due.first() {
+            if first_due > now {
+                return;
             }
-            picked
-                .entry((entry.lease.group_id, entry.lease.key.tenant_id.clone()))
-                .or_default()
-                .push(id);
-        }
-        for ((group, tenant), ids) in picked {
-            for chunk in ids.chunks(config.batch_ops_max) {
-                let Ok(permit) = self.batches.clone().try_acquire_owned() else {
-                    // Every batch slot is busy; resume when one finishes.
-                    self.blocked = true;
-                    return;
-                };
-                let mut leases = Vec::with_capacity(chunk.len());
-                for &id in chunk {
-                    if let Some(entry) = self.entries.get_mut(&id) {
-                        self.due.remove(&(entry.next_renew_at, id));
-                        entry.in_flight = true;
-                        leases.push((entry.lease.clone(), entry.loss_at));
+            let Ok(permit) = self.batches.clone().try_acquire_owned() else {
+                // Every batch slot is busy; resume when one finishes.
+                self.blocked = true;
+                return;
+            };
+            let mut picked = Vec::with_capacity(config.batch_ops_max.min(64));
+            // Queued ids without an entry (never expected: the two are changed together) are
+            // dropped from the queue, so the loop always makes progress.
+            let mut stale = Vec::new();
+            let horizon = now + config.coalesce_window;
+            let scan_max = config.batch_ops_max.saturating_mul(BATCH_SCAN_FACTOR);
+            if let Some(q) = self.due.queues.get(queue) {
+                for &(at, id) in q.due.range(..=(horizon, u64::MAX)).take(scan_max) {
+                    if picked.len() >= config.batch_ops_max {
+                        break;
+                    }
+                    let Some(entry) = self.entries.get(&id) else {
+                        stale.push((at, id));
+                        continue;
+                    };
+                    let own_window = config
+                        .coalesce_window
+                        .min(Duration::from_millis(entry.lease.ttl_ms / 6));
+                    if at <= now + own_window {
+                        picked.push((at, id));
                     }
                 }
-                let batch_client = client.clone();
-                let tenant = tenant.clone();
-                tokio::spawn(renew_batch(batch_client, group, tenant, leases, permit));
             }
+            let (group, tenant) = match self.due.queues.get(queue) {
+                Some(q) => (q.group, q.tenant.clone()),
+                None => return,
+            };
+            self.due.update(queue, |due| {
+                for key in picked.iter().chain(&stale) {
+                    due.remove(key);
+                }
+            });
+            let mut leases = Vec::with_capacity(picked.len());
+            for &(_, id) in &picked {
+                if let Some(entry) = self.entries.get_mut(&id) {
+                    entry.in_flight = true;
+                    leases.push((entry.lease.clone(), entry.loss_at));
+                }
+            }
+            if leases.is_empty() {
+                // Only stale ids were due in this queue; they are gone now.
+                drop(permit);
+                continue;
+            }
+            tokio::spawn(renew_batch(client.clone(), group, tenant, leases, permit));
         }
     }
 
@@ -503,4 +618,41 @@ async fn renew_batch(
         .renewer
         .send(RenewerCommand::Done(outcomes))
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_queues_order_queues_by_their_most_urgent_lease() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut due = DueQueues::default();
+        let group_0 = due.queue_of(0, "tenant-a");
+        let group_9 = due.queue_of(9, "tenant-a");
+        let other_tenant = due.queue_of(0, "tenant-b");
+        assert_eq!(due.queue_of(9, "tenant-a"), group_9, "a queue is made once");
+        assert_eq!(due.first(), None);
+        due.insert(group_0, at(300), 1);
+        due.insert(group_0, at(100), 2);
+        due.insert(group_9, at(50), 3);
+        due.insert(other_tenant, at(200), 4);
+        // The most overdue lease decides which batch goes first, not the group's id.
+        assert_eq!(due.first(), Some((at(50), group_9)));
+        due.remove(group_9, at(50), 3);
+        assert_eq!(due.first(), Some((at(100), group_0)));
+        due.update(group_0, |queue| {
+            queue.remove(&(at(100), 2));
+        });
+        assert_eq!(due.first(), Some((at(200), other_tenant)));
+        due.remove(other_tenant, at(200), 4);
+        assert_eq!(due.first(), Some((at(300), group_0)));
+        due.remove(group_0, at(300), 1);
+        assert_eq!(due.first(), None);
+        assert!(due.by_earliest.is_empty());
+        // Removing what is not there changes nothing.
+        due.remove(group_0, at(300), 1);
+        assert_eq!(due.first(), None);
+    }
 }
