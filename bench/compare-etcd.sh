@@ -5,6 +5,7 @@
 #
 #   ./bench/compare-etcd.sh                      # acquire, mixed, hold (100,000 leases), contended, expiry
 #   SCENARIOS="mixed" DURATION=10s ./bench/compare-etcd.sh
+#   BIN_DIR=/tmp/before TARGETS=tenure ./bench/compare-etcd.sh   # binaries built earlier
 #
 # For each system: a 3-node tenure (`tenure dev`: separate node processes, RocksDB with fsync,
 # its default Raft group count) or a 3-member etcd (Debian's etcd-server, fsync always on), all on 127.0.0.1,
@@ -36,8 +37,12 @@ OUT=${OUT:-bench/results/compare-$(date -u +%Y%m%dT%H%M%SZ)}
 
 # install-deps.sh installs etcd-server and protobuf-compiler (etcd client build) with the rest.
 ./scripts/install-deps.sh
-./scripts/build.sh release
-bin="${CARGO_TARGET_DIR:-target}/release"
+if [ -n "${BIN_DIR:-}" ]; then
+  bin=$BIN_DIR    # tenure and loadgen built earlier (an A/B comparison of two builds)
+else
+  ./scripts/build.sh release
+  bin="${CARGO_TARGET_DIR:-target}/release"
+fi
 
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
