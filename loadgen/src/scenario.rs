@@ -571,10 +571,7 @@ async fn run_mix(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome,
         issued += worker_issued;
         missed += worker_missed;
     }
-    let cpu_s = match (cpu_before, process_cpu_s()) {
-        (Some(before), Some(after)) => Some(after - before),
-        _ => None,
-    };
+    let cpu_s = cpu_since(cpu_before, process_cpu_s());
     let (timeline, measured_s) = reporter.finish(end).await?;
     let ops_total: u64 = recorder.summary().iter().map(|(_, op)| op.count).sum();
     // The load generator's own CPU (workers, the client library, its connections) over the whole
@@ -595,6 +592,11 @@ async fn run_mix(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome,
     Ok(RunOutcome::of_operations(
         &recorder, measured_s, timeline, details,
     ))
+}
+
+/// The CPU seconds used between two readings of [`process_cpu_s`], when both could be read.
+fn cpu_since(before: Option<f64>, after: Option<f64>) -> Option<f64> {
+    Some(after? - before?)
 }
 
 /// CPU seconds (user + system) this process has used, from `/proc/self/stat`.
@@ -1029,10 +1031,7 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
         let _ = lease.detach();
     }
     let seconds = measured_s.max(1e-9);
-    let cpu = match (cpu_before, cpu_after) {
-        (Some(before), Some(after)) => Some(after - before),
-        _ => None,
-    };
+    let cpu = cpu_since(cpu_before, cpu_after);
     #[allow(clippy::cast_precision_loss)]
     let details = json!({
         "leases": config.leases,

@@ -40,6 +40,11 @@ use crate::config::{self, PeerConfig, ServerConfig};
 pub const DEFAULT_DIR: &str = "tenure-dev";
 /// Default number of nodes.
 pub const DEFAULT_NODES: u32 = 3;
+/// The cores this process may run on (1 when the system cannot tell).
+fn cores_available() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
 /// Groups per core of the machine in a new development cluster (see [`default_groups`]).
 pub const GROUPS_PER_CORE: u32 = 4;
 /// Fewest groups a new development cluster gets by default.
@@ -54,12 +59,12 @@ pub const DEFAULT_GROUPS_MAX: u32 = 64;
 /// Why it follows the cores: every node of a development cluster shares this machine, and a
 /// Raft entry costs about the same CPU whatever it carries, so the fewer groups share the load,
 /// the more operations each entry carries. On a 2-core machine with three nodes
-/// (`bench/perf-smoke.sh`, mixed 20/70/10, 1,024 callers) 8 groups served about 19.7k ops/s at
-/// 55 operations per entry, 64 groups 12.7k at 8, 256 groups 4.7k at 2. At least 8 keeps the
-/// leaders spread over the nodes; placement slots do not depend on the group count.
+/// (`bench/perf-smoke.sh`, mixed 20/70/10, 1,024 callers; `bench/results/2026-12-02/`) 8 groups
+/// served about 33.4k ops/s at 53 operations per entry, 64 groups 16.8k at 8, 256 groups 4.5k at
+/// 2. At least 8 keeps the leaders spread over the nodes; placement slots do not depend on the
+/// group count.
 pub fn default_groups() -> u32 {
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    let cores = u32::try_from(cores).unwrap_or(u32::MAX);
+    let cores = u32::try_from(cores_available()).unwrap_or(u32::MAX);
     cores
         .saturating_mul(GROUPS_PER_CORE)
         .clamp(DEFAULT_GROUPS_MIN, DEFAULT_GROUPS_MAX)
@@ -663,8 +668,7 @@ struct Running {
 /// node sized for the whole machine, three nodes on two cores run six worker threads that take
 /// time slices from each other whenever they look for work.)
 pub fn node_worker_threads(nodes: u32) -> u16 {
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    let per_node = cores / usize::try_from(nodes.max(1)).unwrap_or(usize::MAX);
+    let per_node = cores_available() / usize::try_from(nodes.max(1)).unwrap_or(usize::MAX);
     // `tenure serve --worker-threads` takes 1 to 1024.
     u16::try_from(per_node.clamp(1, 1024)).unwrap_or(1024)
 }
@@ -1017,7 +1021,7 @@ mod tests {
 
     #[test]
     fn defaults_follow_the_cores_available() {
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let cores = cores_available();
         let groups = default_groups();
         assert!((DEFAULT_GROUPS_MIN..=DEFAULT_GROUPS_MAX).contains(&groups));
         let expected = (cores * 4).clamp(8, 64);
