@@ -17,7 +17,7 @@
 //!
 //! Must not depend on: the groups; this module only moves requests.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -92,7 +92,10 @@ const FRAME_REQUESTS_MAX: usize = 1_024;
 const DIAL_TIMEOUT: Duration = Duration::from_secs(3);
 
 type Answer = Result<ResponseBody, WireError>;
-type PendingMap = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
+/// Waiting calls by correlation id. Ordered: when a connection dies, its waiting calls are woken
+/// in id order (a randomly seeded hash map woke them in a different order in each run, and the
+/// deterministic simulation diverged when two forwarded calls were pending on a dying connection).
+type PendingMap = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Answer>>>>;
 
 /// A live connection to a target and its lanes.
 struct Lanes {

@@ -775,6 +775,16 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
             "3 to 9 nodes, at least one client host and one resource".into(),
         ));
     }
+    if !cfg!(tokio_unstable) {
+        // Without it turmoil cannot seed the hosts' runtimes and every tokio::select! picks
+        // its first branch at random: runs of one seed would differ. Cargo drops the cfg of
+        // .cargo/config.toml when RUSTFLAGS is set in the environment.
+        return Err(SimError::Options(
+            "built without --cfg tokio_unstable (set by .cargo/config.toml; an environment \
+             RUSTFLAGS replaces it): the simulation would not be reproducible"
+                .into(),
+        ));
+    }
     install_panic_hook();
     let panics_before = lock(&PANICS).len();
     let (certs, ca_pem) = certificates(&options.work_dir, options.nodes)?;
