@@ -12,10 +12,11 @@
 # in a fresh temporary directory. For acquire, mixed and contended it runs `loadgen` twice: closed
 # loop with $WORKERS workers after a warm-up (saturation), then open loop at half the throughput
 # that run reached (latency from the intended start). hold acquires $HOLD_LEASES leases and keeps
-# them for $HOLD_S seconds; expiry lets $EXPIRY_LEASES leases expire at once. Server CPU is read
-# from /proc for each run. It prints a side-by-side table with ratios and writes every JSON report,
-# SVG plot and log under $OUT (default bench/results/compare-<time>). TENURE_GROUPS sets tenure's
-# Raft group count (default: `tenure dev`'s, 4 per core, 8 to 64, as ./scripts/run.sh).
+# them for $HOLD_S seconds (ttl $HOLD_TTL, default 30s); expiry lets $EXPIRY_LEASES leases expire
+# at once. Server CPU is read from /proc for each run. It prints a side-by-side table with ratios
+# and writes every JSON report, SVG plot and log under $OUT (default
+# bench/results/compare-<time>). TENURE_GROUPS sets tenure's Raft group count (default: `tenure
+# dev`'s, 4 per core, 8 to 64, as ./scripts/run.sh).
 #
 # Bounded: every loadgen run has its own timeout and the whole script stops itself after
 # $TIME_LIMIT_S seconds (default 2700); the servers are stopped and their data deleted on exit.
@@ -30,8 +31,14 @@ WARMUP=${WARMUP:-3s}
 WORKERS=${WORKERS:-1024}
 HOLD_LEASES=${HOLD_LEASES:-100000}
 HOLD_S=${HOLD_S:-30}
+HOLD_TTL=${HOLD_TTL:-}    # e.g. 10s; empty: loadgen's hold default (30s)
 EXPIRY_LEASES=${EXPIRY_LEASES:-10000}
 TENURE_GROUPS=${TENURE_GROUPS:-}
+# TOML settings (separated by ';') set in every node's [limits], for A/B runs of a server
+# setting, e.g. TENURE_LIMITS="late_renewal_remaining_percent = 0". The cluster is then set up
+# by a first short run and restarted: give both sides of an A/B run a setting (the default value
+# for the baseline) so that they start alike.
+TENURE_LIMITS=${TENURE_LIMITS:-}
 TIME_LIMIT_S=${TIME_LIMIT_S:-2700}
 OUT=${OUT:-bench/results/compare-$(date -u +%Y%m%dT%H%M%SZ)}
 
@@ -93,6 +100,35 @@ server_tree() {
 }
 
 start_tenure() {
+  if [ -n "$TENURE_LIMITS" ] && [ ! -d "$work/tenure" ]; then
+    # A first short run writes the nodes' configurations; the settings go in their [limits].
+    "$bin/tenure" dev --base-port 0 ${TENURE_GROUPS:+--groups "$TENURE_GROUPS"} --data-dir "$work/tenure" \
+      --duration-s 1 >"$OUT/tenure-dev-setup.log" 2>&1 \
+      || { echo "compare-etcd: tenure dev setup failed; see $OUT/tenure-dev-setup.log" >&2; exit 1; }
+    local config
+    for config in "$work"/tenure/node-*/tenure.toml; do
+      python3 - "$config" "$TENURE_LIMITS" <<'PY'
+import sys
+import re
+path = sys.argv[1]
+settings = [line.strip() for line in sys.argv[2].split(";") if line.strip()]
+text = open(path).read()
+start = text.find("\n[limits]\n")
+if start < 0:
+    sys.exit(f"{path} has no [limits] table")
+start += len("\n[limits]\n")
+end = text.find("\n[", start)
+end = len(text) if end < 0 else end + 1
+table = text[start:end]
+for setting in settings:
+    key = setting.split("=", 1)[0].strip()
+    line = re.compile(rf"^{re.escape(key)}\s*=.*$", re.M)
+    # A key the node's configuration already states is replaced, else added.
+    table = line.sub(setting, table, count=1) if line.search(table) else setting + "\n" + table
+open(path, "w").write(text[:start] + table + text[end:])
+PY
+    done
+  fi
   "$bin/tenure" dev --base-port 0 ${TENURE_GROUPS:+--groups "$TENURE_GROUPS"} --data-dir "$work/tenure" --duration-s "$TIME_LIMIT_S" \
     >"$OUT/tenure-dev.log" 2>&1 &
   server_pids=($!)
@@ -188,7 +224,7 @@ run_target() {
         ;;
       hold)
         run_loadgen "$target-hold" "$target" --scenario hold --leases "$HOLD_LEASES" \
-          --workers "$WORKERS" --duration "${HOLD_S}s" || true
+          --workers "$WORKERS" --duration "${HOLD_S}s" ${HOLD_TTL:+--ttl "$HOLD_TTL"} || true
         ;;
       expiry)
         run_loadgen "$target-expiry" "$target" --scenario expiry --leases "$EXPIRY_LEASES" \

@@ -861,6 +861,15 @@ impl ManualHold {
     }
 }
 
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome, ScenarioError> {
     let tag = config.run_tag;
     let phase_recorder = Arc::new(Recorder::new());
@@ -868,6 +877,34 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
     let rss_before = process_rss_bytes();
     let acquire_deadline = Instant::now() + config.acquire_phase_max;
     let library = target.library_renewals().is_some();
+    // The client library's leases at risk (renewal overdue), sampled every 100 ms for the
+    // whole run: the most at once, and when the first was seen.
+    let at_risk_total_before = target.library_at_risk().map_or(0, |(_, total)| total);
+    let at_risk_max = Arc::new(AtomicU64::new(0));
+    let first_at_risk_s = Arc::new(Mutex::new(None::<f64>));
+    let sampler_stop = Arc::new(AtomicBool::new(false));
+    // Aborted when the run returns early with an error.
+    let mut sampler = AbortOnDrop(tokio::spawn({
+        let target = target.clone();
+        let at_risk_max = at_risk_max.clone();
+        let first_at_risk_s = first_at_risk_s.clone();
+        let stop = sampler_stop.clone();
+        let started = Instant::now();
+        async move {
+            while !stop.load(Ordering::Acquire) {
+                if let Some((now, _)) = target.library_at_risk() {
+                    at_risk_max.fetch_max(now, Ordering::Relaxed);
+                    if now > 0 {
+                        let mut first = first_at_risk_s
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner);
+                        first.get_or_insert(started.elapsed().as_secs_f64());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }));
     // Progress of the acquire phase (acquires, and for manual targets their renewals).
     let phase_reporter = Reporter::start(
         phase_recorder.clone(),
@@ -1026,6 +1063,16 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
             }
             _ => (0, 0, 0, 0),
         };
+    sampler_stop.store(true, Ordering::Release);
+    let _ = (&mut sampler.0).await;
+    let at_risk = target.library_at_risk().map(|(now, total)| {
+        json!({
+            "at_end": now,
+            "most_at_once": at_risk_max.load(Ordering::Relaxed),
+            "times_a_lease_became_at_risk": total.saturating_sub(at_risk_total_before),
+            "first_seen_s_into_run": *first_at_risk_s.lock().unwrap_or_else(PoisonError::into_inner),
+        })
+    });
     // Stop renewing without a flood of releases: the leases end by expiry.
     for lease in tenure_leases {
         let _ = lease.detach();
@@ -1040,6 +1087,7 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
         "held_at_start": held_at_start,
         "held_at_end": held_at_end,
         "lost": lost_total,
+        "leases_at_risk": at_risk,
         "renewed_by": if library { "client library (coalesced batches)" } else { "load generator (one call per lease every ttl/3)" },
         "steady": {
             "seconds": measured_s,

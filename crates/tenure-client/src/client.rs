@@ -177,6 +177,7 @@ pub(crate) struct ClientCounters {
     pub routing_refreshes: AtomicU64,
     pub renew_batches: AtomicU64,
     pub renewals: AtomicU64,
+    pub leases_at_risk_total: AtomicU64,
 }
 
 /// A copy of the client's counters.
@@ -194,6 +195,12 @@ pub struct ClientStats {
     pub renewals: u64,
     /// Lease handles the renewer keeps alive now.
     pub leases_held: u64,
+    /// Of those, the handles at risk now ([`crate::Lease::at_risk`]: renewal overdue, loss not
+    /// yet signalled). Above zero, renewals are not keeping up: the cluster or this process is
+    /// overloaded, or the network is failing; a loss signal may follow.
+    pub leases_at_risk: u64,
+    /// Times a handle became at risk, since the client started.
+    pub leases_at_risk_total: u64,
 }
 
 pub(crate) struct ClientInner {
@@ -212,6 +219,7 @@ pub(crate) struct ClientInner {
     pub(crate) renewer: mpsc::Sender<RenewerCommand>,
     pub(crate) counters: ClientCounters,
     pub(crate) leases_held: AtomicU64,
+    pub(crate) leases_at_risk: AtomicU64,
     faults: Arc<FaultInjector>,
     closed: AtomicBool,
 }
@@ -318,6 +326,7 @@ impl Client {
             renewer,
             counters: ClientCounters::default(),
             leases_held: AtomicU64::new(0),
+            leases_at_risk: AtomicU64::new(0),
             faults,
             closed: AtomicBool::new(false),
         });
@@ -371,6 +380,8 @@ impl Client {
             renew_batches: c.renew_batches.load(Ordering::Relaxed),
             renewals: c.renewals.load(Ordering::Relaxed),
             leases_held: self.inner.leases_held.load(Ordering::Relaxed),
+            leases_at_risk: self.inner.leases_at_risk.load(Ordering::Relaxed),
+            leases_at_risk_total: c.leases_at_risk_total.load(Ordering::Relaxed),
         }
     }
 

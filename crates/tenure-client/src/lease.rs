@@ -3,6 +3,7 @@
 //!
 //! Must not depend on: connections (it asks the client and the renewer).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,8 @@ pub(crate) struct LeaseShared {
     pub replayed: bool,
     pub timing: Mutex<LeaseTiming>,
     pub state: watch::Sender<LeaseState>,
+    /// Set by the renewer while a renewal is overdue (see [`Lease::at_risk`]).
+    pub at_risk: AtomicBool,
 }
 
 impl LeaseShared {
@@ -97,6 +100,7 @@ impl LeaseShared {
                 renewals: 0,
             }),
             state: watch::Sender::new(LeaseState::Held),
+            at_risk: AtomicBool::new(false),
         });
         let registered = client
             .inner
@@ -220,6 +224,17 @@ impl Lease {
     /// True while the lease is held and its safe deadline has not passed: the holder may act.
     pub fn is_valid(&self) -> bool {
         self.shared.is_held() && crate::time::now() < self.safe_deadline()
+    }
+
+    /// True while the lease is held but at risk: its renewal is overdue. No renewal was
+    /// confirmed by halfway between the time it was due (a third of the ttl after the last
+    /// confirmed one was sent, by default) and the loss signal. The holder may still act while
+    /// [`Lease::is_valid`] is true, but should finish or checkpoint its work: renewals are not
+    /// keeping up (an overloaded cluster or process, a failing network) and the loss signal
+    /// may follow. Cleared by the next confirmed renewal. [`crate::ClientStats::leases_at_risk`]
+    /// counts such handles.
+    pub fn at_risk(&self) -> bool {
+        self.shared.is_held() && self.shared.at_risk.load(Ordering::Acquire)
     }
 
     /// The current state.

@@ -77,6 +77,10 @@ struct Entry {
     auto_renew: bool,
     next_renew_at: Instant,
     loss_at: Instant,
+    /// When the lease becomes at risk unless a renewal is confirmed first.
+    at_risk_at: Instant,
+    /// Whether it is at risk now.
+    at_risk: bool,
     in_flight: bool,
     failures: u32,
 }
@@ -167,6 +171,10 @@ struct Renewer {
     by_lease: BTreeMap<LeaseId, Vec<u64>>,
     due: DueQueues,
     deadlines: BTreeSet<(Instant, u64)>,
+    /// `(at_risk_at, id)` of the entries not at risk yet.
+    risks: BTreeSet<(Instant, u64)>,
+    /// Entries at risk now.
+    at_risk: u64,
     batches: Arc<Semaphore>,
     blocked: bool,
 }
@@ -185,6 +193,8 @@ pub(crate) async fn run_renewer(
         by_lease: BTreeMap::new(),
         due: DueQueues::default(),
         deadlines: BTreeSet::new(),
+        risks: BTreeSet::new(),
+        at_risk: 0,
         batches: Arc::new(Semaphore::new(batches_max)),
         blocked: false,
     };
@@ -221,14 +231,26 @@ impl Renewer {
 
     fn next_wake(&self) -> Option<Instant> {
         let loss = self.deadlines.first().map(|(at, _)| *at);
+        let risk = self.risks.first().map(|(at, _)| *at);
         let due = if self.blocked {
             None
         } else {
             self.due.first().map(|(at, _)| at)
         };
-        match (loss, due) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        [loss, risk, due].into_iter().flatten().min()
+    }
+
+    /// Halfway between the time the lease's renewal is due (counted from the last confirmed
+    /// send, so retries do not move it) and its loss time.
+    fn at_risk_at(&self, lease: &LeaseShared, client: &Client, loss_at: Instant) -> Instant {
+        let last_sent_at = lease
+            .timing
+            .lock()
+            .map_or_else(|p| p.into_inner().last_sent_at, |t| t.last_sent_at);
+        let due = last_sent_at + self.renew_after(lease, client);
+        match loss_at.checked_duration_since(due) {
+            Some(margin) => due + margin / 2,
+            None => loss_at,
         }
     }
 
@@ -255,7 +277,30 @@ impl Renewer {
                 self.entries.len() as u64,
                 std::sync::atomic::Ordering::Relaxed,
             );
+            inner
+                .leases_at_risk
+                .store(self.at_risk, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// Files `entry` under `id` in every index (due queue, deadlines, risks, by lease).
+    fn insert(&mut self, id: u64, entry: Entry) {
+        if entry.auto_renew && !entry.in_flight {
+            self.due.insert(entry.queue, entry.next_renew_at, id);
+        }
+        self.deadlines.insert((entry.loss_at, id));
+        if entry.at_risk {
+            self.at_risk += 1;
+        } else if entry.auto_renew {
+            // A handle nobody renews is not at risk of falling behind: it only has a deadline.
+            self.risks.insert((entry.at_risk_at, id));
+        }
+        self.by_lease
+            .entry(entry.lease.lease_id)
+            .or_default()
+            .push(id);
+        self.entries.insert(id, entry);
+        self.set_counts();
     }
 
     fn remove(&mut self, id: u64) -> Option<Entry> {
@@ -270,6 +315,11 @@ impl Renewer {
             self.due.remove(entry.queue, entry.next_renew_at, id);
         }
         self.deadlines.remove(&(entry.loss_at, id));
+        if entry.at_risk {
+            self.at_risk = self.at_risk.saturating_sub(1);
+        } else {
+            self.risks.remove(&(entry.at_risk_at, id));
+        }
         self.set_counts();
         Some(entry)
     }
@@ -287,13 +337,9 @@ impl Renewer {
                     .map_or_else(|p| p.into_inner().last_sent_at, |t| t.last_sent_at);
                 let next_renew_at = sent_at + self.renew_after(&lease, &client);
                 let loss_at = self.loss_at(&lease, &client);
+                let at_risk_at = self.at_risk_at(&lease, &client, loss_at);
                 let queue = self.due.queue_of(lease.group_id, &lease.key.tenant_id);
-                if auto_renew {
-                    self.due.insert(queue, next_renew_at, id);
-                }
-                self.deadlines.insert((loss_at, id));
-                self.by_lease.entry(lease.lease_id).or_default().push(id);
-                self.entries.insert(
+                self.insert(
                     id,
                     Entry {
                         lease,
@@ -301,11 +347,12 @@ impl Renewer {
                         auto_renew,
                         next_renew_at,
                         loss_at,
+                        at_risk_at,
+                        at_risk: false,
                         in_flight: false,
                         failures: 0,
                     },
                 );
-                self.set_counts();
             }
             RenewerCommand::Unregister { id, release } => {
                 if let Some(entry) = self.remove(id) {
@@ -377,16 +424,17 @@ impl Renewer {
             }
         }
         entry.loss_at = self.loss_at(&entry.lease, client);
-        if entry.auto_renew {
-            self.due.insert(entry.queue, entry.next_renew_at, id);
+        entry.at_risk_at = self.at_risk_at(&entry.lease, client, entry.loss_at);
+        // A renewal that moved the schedule past now ends the risk; a failed one, or a
+        // confirmed one that did not move it (a replay with a short window), does not.
+        if entry.at_risk && entry.at_risk_at > now {
+            entry.at_risk = false;
+            entry
+                .lease
+                .at_risk
+                .store(false, std::sync::atomic::Ordering::Release);
         }
-        self.deadlines.insert((entry.loss_at, id));
-        self.by_lease
-            .entry(entry.lease.lease_id)
-            .or_default()
-            .push(id);
-        self.entries.insert(id, entry);
-        self.set_counts();
+        self.insert(id, entry);
     }
 
     fn tick(&mut self) {
@@ -401,6 +449,39 @@ impl Renewer {
                 entry
                     .lease
                     .mark(LeaseState::Lost(LossReason::DeadlineWithoutRenewal));
+            }
+        }
+        // Then leases whose renewal is overdue: at risk until one is confirmed. The counts are
+        // published before the handles' flags, so a handle seen at risk is already counted.
+        let mut became_at_risk = Vec::new();
+        while let Some(&(at, id)) = self.risks.first() {
+            if at > now {
+                break;
+            }
+            self.risks.remove(&(at, id));
+            if let Some(entry) = self.entries.get_mut(&id) {
+                entry.at_risk = true;
+                self.at_risk += 1;
+                became_at_risk.push(entry.lease.clone());
+            }
+        }
+        if !became_at_risk.is_empty() {
+            if let Some(inner) = self.weak.upgrade() {
+                inner.counters.leases_at_risk_total.fetch_add(
+                    became_at_risk.len() as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
+            self.set_counts();
+            debug!(
+                leases = became_at_risk.len(),
+                at_risk = self.at_risk,
+                "renewals overdue: leases at risk"
+            );
+            for lease in became_at_risk {
+                lease
+                    .at_risk
+                    .store(true, std::sync::atomic::Ordering::Release);
             }
         }
         if self.blocked {

@@ -6,10 +6,18 @@
 //! renewals, releases and reads are still admitted: holders are not starved out of leases they
 //! already hold by someone else's acquire storm (contract section 6).
 //!
+//! [`RenewalPressure`] watches how late renewals reach the leader. A client library sends a
+//! renewal with about two thirds of its ttl left; when a tenant's renewals arrive with less than
+//! `late_remaining_percent` of it (its holders' renewals are falling behind: the cluster, or its
+//! clients, cannot keep up with the leases held), the node refuses that tenant's new acquires for
+//! a while with `OVERLOADED`, so the capacity goes to the leases already held instead of shedding
+//! them.
+//!
 //! Must not depend on: the groups or the wire (counters only).
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 use tenure_core::ErrorCode;
@@ -135,11 +143,279 @@ impl Admission {
     }
 }
 
+/// When renewals count as late, and what the node does about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PressureSettings {
+    /// A renewal is late when the lease it renews has less than this share of its ttl left at
+    /// the leader, in percent (0 turns the mechanism off).
+    pub late_remaining_percent: u32,
+    /// Length of the windows late renewals are counted over, in milliseconds.
+    pub window_ms: u64,
+    /// Late renewals in one window at least, for pressure.
+    pub late_min: u32,
+    /// Share of the renewals seen in the window that must be late, in percent.
+    pub late_share_percent: u32,
+    /// How long the tenant's acquires are refused after a window under pressure ends, in ms.
+    pub hold_ms: u64,
+}
+
+impl PressureSettings {
+    /// The defaults with this late threshold: one-second windows, a window under pressure when
+    /// at least 4 of its renewals, and at least 5% of them, were late; acquires refused for 2
+    /// seconds after it.
+    pub fn with_late_remaining_percent(late_remaining_percent: u32) -> Self {
+        PressureSettings {
+            late_remaining_percent,
+            window_ms: 1_000,
+            late_min: 4,
+            late_share_percent: 5,
+            hold_ms: 2_000,
+        }
+    }
+}
+
+/// Tenants whose renewal windows are tracked at most; beyond, a new tenant is not tracked (no
+/// pressure for it) until stale windows are dropped.
+const TENANTS_TRACKED_MAX: usize = 16_384;
+
+/// One tenant's current window and refusal.
+#[derive(Debug, Default)]
+struct TenantWindow {
+    started_ms: u64,
+    seen: u32,
+    late: u32,
+    /// Monotonic milliseconds until which the tenant's new acquires are refused.
+    refuse_until_ms: u64,
+}
+
+impl TenantWindow {
+    /// Closes the window when its time is up (deciding on it whole) and starts the next.
+    fn roll(&mut self, now_ms: u64, settings: &PressureSettings) {
+        if now_ms.saturating_sub(self.started_ms) < settings.window_ms {
+            return;
+        }
+        let share_met = u64::from(self.late) * 100
+            >= u64::from(self.seen) * u64::from(settings.late_share_percent);
+        if self.late >= settings.late_min && share_met {
+            let until = self
+                .started_ms
+                .saturating_add(settings.window_ms)
+                .saturating_add(settings.hold_ms);
+            self.refuse_until_ms = self.refuse_until_ms.max(until);
+        }
+        self.started_ms = now_ms;
+        self.seen = 0;
+        self.late = 0;
+    }
+
+    /// True when neither the refusal nor the current window (were it decided now) can refuse
+    /// anything any more: dropping it changes nothing.
+    fn is_stale(&self, now_ms: u64, settings: &PressureSettings) -> bool {
+        let window_refuses_until = self
+            .started_ms
+            .saturating_add(settings.window_ms)
+            .saturating_add(settings.hold_ms);
+        now_ms >= self.refuse_until_ms && now_ms >= window_refuses_until
+    }
+}
+
+/// Late renewals seen by this node as a leader, per tenant, and the acquire refusals they
+/// cause. Per tenant: one slow client (paused, starved of CPU) makes only its own tenant's
+/// acquires wait, while a cluster that cannot keep up makes every tenant's renewals late.
+#[derive(Debug)]
+pub struct RenewalPressure {
+    settings: PressureSettings,
+    tenants: Mutex<HashMap<String, TenantWindow>>,
+}
+
+/// What one renewal looked like when it reached the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewalTiming {
+    /// It arrived with enough of its ttl left.
+    OnTime,
+    /// It arrived with less than the late share of its ttl left.
+    Late,
+}
+
+impl RenewalPressure {
+    /// A tracker with these settings.
+    pub fn new(settings: PressureSettings) -> Self {
+        RenewalPressure {
+            settings,
+            tenants: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether the mechanism is on.
+    pub fn enabled(&self) -> bool {
+        self.settings.late_remaining_percent > 0
+    }
+
+    /// Classifies a renewal of a lease with `remaining_ms` of `ttl_ms` left at the leader.
+    pub fn timing(&self, remaining_ms: u64, ttl_ms: u64) -> RenewalTiming {
+        let threshold = u128::from(ttl_ms) * u128::from(self.settings.late_remaining_percent);
+        if u128::from(remaining_ms) * 100 < threshold {
+            RenewalTiming::Late
+        } else {
+            RenewalTiming::OnTime
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, TenantWindow>> {
+        self.tenants
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counts one renewal of `tenant` seen at monotonic time `now_ms`.
+    pub fn record(&self, tenant: &str, now_ms: u64, timing: RenewalTiming) {
+        if !self.enabled() {
+            return;
+        }
+        let settings = self.settings;
+        let mut tenants = self.lock();
+        if !tenants.contains_key(tenant) {
+            if tenants.len() >= TENANTS_TRACKED_MAX {
+                tenants.retain(|_, window| !window.is_stale(now_ms, &settings));
+            }
+            if tenants.len() >= TENANTS_TRACKED_MAX {
+                return;
+            }
+            tenants.insert(
+                tenant.to_owned(),
+                TenantWindow {
+                    started_ms: now_ms,
+                    ..TenantWindow::default()
+                },
+            );
+        }
+        let Some(window) = tenants.get_mut(tenant) else {
+            return;
+        };
+        window.roll(now_ms, &settings);
+        window.seen = window.seen.saturating_add(1);
+        if timing == RenewalTiming::Late {
+            window.late = window.late.saturating_add(1);
+        }
+    }
+
+    /// Tenants whose new acquires are refused at monotonic time `now_ms`.
+    pub fn tenants_under_pressure(&self, now_ms: u64) -> usize {
+        let settings = self.settings;
+        let mut tenants = self.lock();
+        let mut refused = 0;
+        for window in tenants.values_mut() {
+            window.roll(now_ms, &settings);
+            if now_ms < window.refuse_until_ms {
+                refused += 1;
+            }
+        }
+        refused
+    }
+
+    /// Refuses a new acquire of `tenant` while its renewals arrive late, with a retry hint of
+    /// the time left.
+    pub fn admit_acquire(&self, tenant: &str, now_ms: u64) -> Result<(), WireError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let settings = self.settings;
+        let until = {
+            let mut tenants = self.lock();
+            let Some(window) = tenants.get_mut(tenant) else {
+                return Ok(());
+            };
+            window.roll(now_ms, &settings);
+            window.refuse_until_ms
+        };
+        if now_ms >= until {
+            return Ok(());
+        }
+        let mut error = WireError::new(
+            ErrorCode::Overloaded,
+            format!(
+                "renewals of tenant {tenant:?}'s leases reach this node late (under {}% of their \
+                 ttl left): its new acquires wait so that its held leases are kept",
+                settings.late_remaining_percent
+            ),
+        );
+        let left_ms = until.saturating_sub(now_ms).max(u64::from(RETRY_AFTER_MS));
+        error.retry_after_ms = Some(u32::try_from(left_ms).unwrap_or(u32::MAX));
+        Err(error)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+
+    #[test]
+    fn late_renewals_refuse_the_tenants_acquires_for_a_while() {
+        let pressure = RenewalPressure::new(PressureSettings::with_late_remaining_percent(50));
+        assert_eq!(pressure.timing(20_000, 30_000), RenewalTiming::OnTime);
+        assert_eq!(pressure.timing(15_000, 30_000), RenewalTiming::OnTime);
+        assert_eq!(pressure.timing(14_999, 30_000), RenewalTiming::Late);
+        assert_eq!(pressure.timing(0, 30_000), RenewalTiming::Late);
+        // Window [1000, 2000): 4 late of 104 seen is under 5%; decided whole, when it ends.
+        for i in 0..4 {
+            pressure.record("a", 1_000 + i, RenewalTiming::Late);
+        }
+        pressure.admit_acquire("a", 1_010).unwrap();
+        for i in 0..100 {
+            pressure.record("a", 1_100 + i, RenewalTiming::OnTime);
+        }
+        pressure.admit_acquire("a", 2_050).unwrap();
+        // Window [2050, 3050): 4 late of 10.
+        for i in 0..6 {
+            pressure.record("a", 2_100 + i, RenewalTiming::OnTime);
+        }
+        for i in 0..4 {
+            pressure.record("a", 2_200 + i, RenewalTiming::Late);
+        }
+        // Not decided before the window ends.
+        pressure.admit_acquire("a", 3_000).unwrap();
+        assert_eq!(pressure.tenants_under_pressure(3_000), 0);
+        let refused = pressure.admit_acquire("a", 3_100).unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Overloaded);
+        assert!(refused.retryable);
+        // Refused until 2 s after the window ended (3050 + 2000).
+        assert_eq!(refused.retry_after_ms, Some(1_950));
+        assert_eq!(pressure.tenants_under_pressure(3_100), 1);
+        // Another tenant's acquires are not refused; on-time renewals do not extend the hold.
+        pressure.admit_acquire("b", 3_100).unwrap();
+        pressure.record("a", 4_000, RenewalTiming::OnTime);
+        pressure.admit_acquire("a", 5_049).unwrap_err();
+        pressure.admit_acquire("a", 5_050).unwrap();
+        assert_eq!(pressure.tenants_under_pressure(5_050), 0);
+    }
+
+    #[test]
+    fn renewal_pressure_off_never_refuses() {
+        let pressure = RenewalPressure::new(PressureSettings::with_late_remaining_percent(0));
+        assert!(!pressure.enabled());
+        for i in 0..100 {
+            pressure.record("a", i, RenewalTiming::Late);
+        }
+        pressure.admit_acquire("a", 5_000).unwrap();
+    }
+
+    #[test]
+    fn tracked_tenants_are_bounded() {
+        let pressure = RenewalPressure::new(PressureSettings::with_late_remaining_percent(50));
+        for i in 0..TENANTS_TRACKED_MAX + 10 {
+            pressure.record(&format!("t{i}"), 0, RenewalTiming::OnTime);
+        }
+        assert_eq!(pressure.lock().len(), TENANTS_TRACKED_MAX);
+        // Not while their windows could still refuse; once they are stale, new tenants take
+        // their places.
+        pressure.record("early", 2_999, RenewalTiming::Late);
+        assert!(!pressure.lock().contains_key("early"));
+        pressure.record("late-comer", 3_000, RenewalTiming::Late);
+        assert!(pressure.lock().contains_key("late-comer"));
+        assert!(pressure.lock().len() <= TENANTS_TRACKED_MAX);
+    }
 
     fn admission(node_max: u32, tenant_max: u32, acquire_percent: u32) -> Admission {
         Admission::new(AdmissionLimits {

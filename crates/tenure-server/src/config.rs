@@ -163,6 +163,16 @@ pub struct LimitsConfig {
     /// renewals, releases and reads may use all of it (renewals are admitted ahead of acquires).
     /// Default 75.
     pub acquire_inflight_percent: u32,
+    /// A renewal is late when the lease it renews has less than this share of its ttl left as
+    /// it reaches the leader, in percent (the client library sends renewals with two thirds
+    /// left; one renewal is sampled per request, the first). When at least 4 of a tenant's
+    /// renewals in a one-second window, and at least 5% of those seen, were late, the node
+    /// refuses that tenant's new acquires with OVERLOADED for 2 seconds after the window: the
+    /// capacity goes to the leases already held (contract section 6). Keep it below the share
+    /// clients renew at: clients configured to renew later (the library's `renew_after_ppm`
+    /// above 500,000) look late. 0 turns off the sampling, its metrics and the refusals; at
+    /// most 60. Default 50.
+    pub late_renewal_remaining_percent: u32,
     /// Lease operations proposed in one log entry at most (1 to 4096). Default 256.
     pub ops_per_entry_max: u32,
     /// Proposals (log entries) in flight per group at most; operations arriving meanwhile queue
@@ -282,6 +292,7 @@ impl Default for LimitsConfig {
             inflight_requests_max: 65_536,
             tenant_inflight_requests_max: 16_384,
             acquire_inflight_percent: 75,
+            late_renewal_remaining_percent: 50,
             ops_per_entry_max: 256,
             proposals_inflight_per_group_max: 1,
             group_queue_ops_max: 16_384,
@@ -1046,6 +1057,16 @@ impl ServerConfig {
                 format!("must be within 1..=100, got {}", l.acquire_inflight_percent),
             ));
         }
+        if l.late_renewal_remaining_percent > 60 {
+            return Err(ConfigError::invalid(
+                "limits.late_renewal_remaining_percent",
+                format!(
+                    "must be within 0..=60 (the client library renews with two thirds of the \
+                     ttl left: a higher share would call every renewal late), got {}",
+                    l.late_renewal_remaining_percent
+                ),
+            ));
+        }
         if l.ops_per_entry_max == 0 || l.ops_per_entry_max > OPS_PER_ENTRY_CEILING {
             return Err(ConfigError::invalid(
                 "limits.ops_per_entry_max",
@@ -1719,6 +1740,12 @@ node_key = "certs/node-1.key"
         assert_eq!(invalid_field(&config), "limits.acquire_inflight_percent");
         config.limits.acquire_inflight_percent = 0;
         assert_eq!(invalid_field(&config), "limits.acquire_inflight_percent");
+        config.limits.acquire_inflight_percent = 75;
+        config.limits.late_renewal_remaining_percent = 61;
+        assert_eq!(
+            invalid_field(&config),
+            "limits.late_renewal_remaining_percent"
+        );
 
         let mut config = minimal();
         config.limits.ops_per_entry_max = OPS_PER_ENTRY_CEILING + 1;

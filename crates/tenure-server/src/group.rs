@@ -304,6 +304,18 @@ impl GroupHandle {
             .map_err(WireError::from_lease_error)
     }
 
+    /// Like [`GroupHandle::get_at`], `None` at once when the state is busy (being applied to or
+    /// snapshotted) instead of waiting for it.
+    pub fn try_get_at(
+        &self,
+        key: &ResourceKey,
+        now_ms: u64,
+    ) -> Option<Result<Option<LeaseView>, WireError>> {
+        self.state_machine
+            .try_with_leases(|leases| leases.get(key, now_ms))
+            .map(|got| got.map_err(WireError::from_lease_error))
+    }
+
     /// List at log time `now_ms` from the local state.
     pub fn list_at(&self, request: &ListRequest, now_ms: u64) -> Result<ListPage, WireError> {
         self.state_machine

@@ -69,6 +69,17 @@ pub const RENEWALS_PER_REQUEST: &str = "tenure_renewals_per_request";
 /// `metrics` crate's counters are integers); `rate()` of it over `rate(tenure_fsyncs_total)` is
 /// the average sync latency.
 pub const FSYNC_SECONDS_TOTAL: &str = "tenure_fsync_seconds_total";
+/// Renewals that reached this node, as leader, with less than `late_renewal_remaining_percent`
+/// of their ttl left (one sampled per request: its first renewal, the most urgent of a client
+/// library's batch).
+pub const RENEWALS_LATE_TOTAL: &str = "tenure_renewals_late_total";
+/// Renewals sampled for lateness (the denominator of `RENEWALS_LATE_TOTAL`).
+pub const RENEWALS_SAMPLED_TOTAL: &str = "tenure_renewals_sampled_total";
+/// New acquires refused with OVERLOADED because their tenant's renewals were arriving late.
+pub const ACQUIRES_REFUSED_RENEWAL_PRESSURE_TOTAL: &str =
+    "tenure_acquires_refused_renewal_pressure_total";
+/// Tenants whose new acquires this node refuses now because their renewals arrive late.
+pub const RENEWAL_PRESSURE_TENANTS: &str = "tenure_renewal_pressure_tenants";
 /// Groups whose leader this node does not know.
 pub const GROUPS_WITHOUT_LEADER: &str = "tenure_groups_without_leader";
 /// Leader changes of hosted groups seen by this node (a new leader, or none).
@@ -106,6 +117,9 @@ pub const COUNTERS: &[&str] = &[
     LEADER_TRANSFERS_TOTAL,
     LEADER_CHANGES_TOTAL,
     HTTP_CONNECTIONS_REFUSED_TOTAL,
+    RENEWALS_SAMPLED_TOTAL,
+    RENEWALS_LATE_TOTAL,
+    ACQUIRES_REFUSED_RENEWAL_PRESSURE_TOTAL,
 ];
 
 /// Every gauge the node exports (registered at zero at start).
@@ -125,6 +139,7 @@ pub const GAUGES: &[&str] = &[
     DATA_DIR_AVAILABLE_BYTES,
     DATA_DIR_TOTAL_BYTES,
     NODE_READY,
+    RENEWAL_PRESSURE_TENANTS,
 ];
 
 /// Every histogram the node exports (they appear after their first observation).

@@ -26,8 +26,8 @@ use tokio::time::Instant;
 
 use openraft::impls::BasicNode;
 use tenure_core::{
-    ErrorCode, GroupLimits, LeaseOp, LeaseOutcome, LeaseView, NegativeControl, PlacementMap,
-    SLOT_COUNT_DEFAULT, StateOptions,
+    ErrorCode, GroupLimits, LeaseOp, LeaseOutcome, LeaseStatus, LeaseView, NegativeControl,
+    PlacementMap, SLOT_COUNT_DEFAULT, StateOptions,
 };
 use tenure_proto::client::{
     CLIENT_ALPN, GetResult, GroupLeader, LeaseResult, NodeAddress, NodeStatus, Principal,
@@ -43,7 +43,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::admission::{Admission, AdmissionLimits, RequestClass};
+use crate::admission::{
+    Admission, AdmissionLimits, PressureSettings, RenewalPressure, RenewalTiming, RequestClass,
+};
 use crate::auth::{Authenticator, check_tenant};
 use crate::client_server::ClientServer;
 use crate::clock::{MonotonicClock, SystemClock, WallClock};
@@ -72,6 +74,9 @@ pub struct NodeShared {
     metrics_handle: Option<metrics_exporter_prometheus::PrometheusHandle>,
     shutting_down: AtomicBool,
     admission: Admission,
+    renewal_pressure: RenewalPressure,
+    /// The clock the groups' leader clocks read (and renewal pressure is timed by).
+    clock: Arc<dyn MonotonicClock>,
     fault_controls: Option<Arc<FaultControls>>,
 }
 
@@ -443,6 +448,10 @@ impl Node {
                 tenant_max: config.limits.tenant_inflight_requests_max,
                 acquire_percent: config.limits.acquire_inflight_percent,
             }),
+            renewal_pressure: RenewalPressure::new(PressureSettings::with_late_remaining_percent(
+                config.limits.late_renewal_remaining_percent,
+            )),
+            clock: clock.clone(),
             fault_controls,
             config,
         });
@@ -918,6 +927,7 @@ impl NodeShared {
         let mut ops = ops;
         if let Some(handle) = self.group(group) {
             if handle.is_ready_leader() {
+                self.weigh_renewal_pressure(handle, &tenant, &ops, class)?;
                 // The proposal consumes the operations; keep a copy only when a lost leadership
                 // may still be answered by forwarding them.
                 let fallback = ctx.flags.forward.then(|| ops.clone());
@@ -942,6 +952,55 @@ impl NodeShared {
             }
         };
         self.forward_or_refuse(group, &ctx, body).await
+    }
+
+    /// As the group's leader: refuses a new acquire of a tenant whose renewals arrive late, and
+    /// samples how late the request's first renewal arrives (a client library's batch starts
+    /// with its most urgent lease). See [`RenewalPressure`].
+    fn weigh_renewal_pressure(
+        &self,
+        handle: &GroupHandle,
+        tenant: &str,
+        ops: &[LeaseOp],
+        class: RequestClass,
+    ) -> Result<(), WireError> {
+        let pressure = &self.renewal_pressure;
+        if !pressure.enabled() {
+            return Ok(());
+        }
+        let now_ms = self.clock.now_ms();
+        if class == RequestClass::Acquire {
+            if let Err(refused) = pressure.admit_acquire(tenant, now_ms) {
+                ::metrics::counter!(m::ACQUIRES_REFUSED_RENEWAL_PRESSURE_TOTAL).increment(1);
+                return Err(refused);
+            }
+        }
+        let first_renewal = ops.iter().find_map(|op| match op {
+            LeaseOp::Renew(renew) => Some(renew),
+            _ => None,
+        });
+        let (Some(renew), Some(log_now_ms)) = (first_renewal, handle.log_now_ms()) else {
+            return Ok(());
+        };
+        // Never waits for the state: while apply or a snapshot holds it, no sample.
+        let Some(Ok(Some(view))) = handle.try_get_at(&renew.key, log_now_ms) else {
+            return Ok(());
+        };
+        // Only a renewal of the active lease by its holder counts: one of an ended lease, or of
+        // someone else's, is refused by the state machine and says nothing about timeliness.
+        if view.lease_id != renew.lease_id
+            || view.holder_id != renew.holder_id
+            || view.status != LeaseStatus::Active
+        {
+            return Ok(());
+        }
+        let timing = pressure.timing(view.remaining_ttl_ms, view.ttl_ms);
+        ::metrics::counter!(m::RENEWALS_SAMPLED_TOTAL).increment(1);
+        if timing == RenewalTiming::Late {
+            ::metrics::counter!(m::RENEWALS_LATE_TOTAL).increment(1);
+        }
+        pressure.record(&renew.key.tenant_id, now_ms, timing);
+        Ok(())
     }
 
     /// A replica to hand `handle`'s leadership to: connected, most caught up.
@@ -1107,6 +1166,10 @@ async fn run_gauges(shared: Arc<NodeShared>) {
         ::metrics::gauge!(m::ACTIVE_LEASES).set(active as f64);
         ::metrics::gauge!(m::APPLY_LAG_ENTRIES).set(lag as f64);
         ::metrics::gauge!(m::REQUESTS_INFLIGHT).set(f64::from(shared.admission.inflight()));
+        let pressured = shared
+            .renewal_pressure
+            .tenants_under_pressure(shared.clock.now_ms());
+        ::metrics::gauge!(m::RENEWAL_PRESSURE_TENANTS).set(pressured as f64);
         let storage = shared.storage.stats();
         ::metrics::counter!(m::FSYNCS_TOTAL).absolute(storage.fsyncs);
         ::metrics::gauge!(m::FSYNC_SECONDS_TOTAL).set(storage.fsync_micros as f64 / 1e6);

@@ -1,7 +1,8 @@
 //! The client library (`tenure-client`) against a cluster of real `tenure` node processes:
 //! calls go straight to each group's leader and follow leader changes; an auto-renewed lease
-//! survives the failover of its group's leader; the loss signal fires before the safe deadline
-//! when renewals cannot get through (every node paused) and when the cluster refuses a renewal;
+//! survives the failover of its group's leader; the at-risk report, then the loss signal, fire
+//! before the safe deadline when renewals cannot get through (every node paused), and the loss
+//! signal when the cluster refuses a renewal;
 //! an acquire whose answer is lost is retried with the same request id and returns the same
 //! lease; and the renewals of 10,000 held leases are coalesced (the nodes' metrics show the
 //! renewals per request).
@@ -272,10 +273,31 @@ async fn the_loss_signal_fires_before_the_safe_deadline() {
     }
     let paused_at = Instant::now();
     let deadline_before = lease.safe_deadline();
+    // First the lease is reported at risk (its renewal is overdue), while it is still held.
+    assert!(!lease.at_risk());
+    wait_for(ttl, "the lease reported at risk", || async {
+        lease.at_risk().then_some(())
+    })
+    .await
+    .unwrap();
+    let at_risk_at = Instant::now();
+    assert_eq!(lease.state(), LeaseState::Held, "at risk before it is lost");
+    // Counted before the handle's flag is set.
+    assert_eq!(client.stats().leases_at_risk, 1);
+    assert_eq!(client.stats().leases_at_risk_total, 1);
     let state = tokio::time::timeout(ttl * 2, lease.lost())
         .await
         .expect("the loss signal fired within two ttls");
     let fired_at = Instant::now();
+    assert!(!lease.at_risk(), "a lost lease is lost, not at risk");
+    // The handle's own timer may see the deadline before the renewer drops the lease.
+    wait_for(
+        Duration::from_secs(2),
+        "the lost lease uncounted",
+        || async { (client.stats().leases_at_risk == 0).then_some(()) },
+    )
+    .await
+    .unwrap();
     for &id in &ids {
         cluster.resume(id);
     }
@@ -292,7 +314,7 @@ async fn the_loss_signal_fires_before_the_safe_deadline() {
         "the deadline only moves forward"
     );
     println!(
-        "loss signal: nodes paused {} ms after the last renewal; signal {} ms after the pause, {} ms before the safe deadline",
+        "loss signal: nodes paused {} ms after the last renewal; at risk {} ms and signal {} ms after the pause, {} ms before the safe deadline",
         paused_at
             .saturating_duration_since(
                 deadline
@@ -300,6 +322,7 @@ async fn the_loss_signal_fires_before_the_safe_deadline() {
                     .unwrap()
             )
             .as_millis(),
+        at_risk_at.duration_since(paused_at).as_millis(),
         fired_at.duration_since(paused_at).as_millis(),
         deadline.saturating_duration_since(fired_at).as_millis()
     );
@@ -500,5 +523,139 @@ async fn renewals_of_ten_thousand_leases_are_coalesced() {
         "at least 10 renewals per request ({per_request:.1})"
     );
     assert_eq!(stats.leases_held, LEASES as u64);
+    client.close().await;
+}
+
+/// Renewals that reach the leader late (under half their ttl left) make it refuse their
+/// tenant's new acquires with OVERLOADED and a retry hint, while renewals are still served and
+/// other tenants' acquires too; on-time renewals do not, and acquires are served again once the
+/// pressure has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_renewals_make_the_leader_refuse_new_acquires() {
+    use tenure_core::{LeaseReply, RenewRequest};
+    use tenure_proto::client::{Principal, RequestBody};
+    // No leader rebalancing: the pressure is the leader's, and group 0 must keep its leader.
+    let cluster = ProcessCluster::start_ready(ClusterOptions {
+        rebalance_interval_ms: Some(0),
+        ..ClusterOptions::default()
+    })
+    .await;
+    let ids = cluster.ids();
+    let (ttl_min, _) = cluster.ttl_bounds_ms();
+    let ttl_ms = ttl_min.max(3_000);
+    let group = 0;
+    let resources = cluster.resources_in_group(TENANT, group, "pressure", 8);
+    let client = cluster.client(ids[0]).await;
+    let mut leases = Vec::new();
+    for (i, resource) in resources[..6].iter().enumerate() {
+        let result = client
+            .acquire(TENANT, resource, "holder", ttl_ms, &format!("acquire-{i}"))
+            .await
+            .unwrap();
+        let LeaseReply::Acquired(grant) = result.reply else {
+            panic!("expected a grant, got {:?}", result.reply);
+        };
+        leases.push((resource.clone(), grant.lease_id));
+    }
+    // The six renewals in one frame: they reach the leader within one window.
+    let renew_all = |round: &'static str| {
+        let client = &client;
+        let leases = &leases;
+        async move {
+            let requests = leases
+                .iter()
+                .enumerate()
+                .map(|(i, (resource, lease_id))| {
+                    let body = RequestBody::Renew(RenewRequest {
+                        key: ResourceKey::new(TENANT, resource.as_str()),
+                        lease_id: *lease_id,
+                        holder_id: "holder".to_string(),
+                        ttl_ms,
+                        request_id: format!("{round}-{i}"),
+                    });
+                    (body, common::forward())
+                })
+                .collect();
+            let answers = client.call_many(requests).await.unwrap();
+            for (i, answer) in answers.into_iter().enumerate() {
+                let result = common::lease_result(answer)
+                    .unwrap_or_else(|error| panic!("{round} renewal {i}: {error:?}"));
+                assert!(
+                    matches!(result.reply, LeaseReply::Renewed(_)),
+                    "{round} renewal {i}"
+                );
+            }
+            Instant::now()
+        }
+    };
+    // On time (nearly the whole ttl left): no pressure, acquires are served.
+    let renewed_at = renew_all("on-time").await;
+    client
+        .acquire(TENANT, &resources[6], "holder", ttl_ms, "acquire-on-time")
+        .await
+        .unwrap();
+    // Late: renewed when 60% of the ttl has passed since (less than half is left).
+    let late_after = Duration::from_millis(ttl_ms * 3 / 5);
+    wait_for(late_after * 2, "60% of the ttl to pass", || async {
+        (renewed_at.elapsed() >= late_after).then_some(())
+    })
+    .await
+    .unwrap();
+    let late_at = renew_all("late").await;
+    // A window is decided whole when it ends (one second after its first renewal).
+    wait_for(Duration::from_secs(3), "the late window to end", || async {
+        (late_at.elapsed() >= Duration::from_millis(1_100)).then_some(())
+    })
+    .await
+    .unwrap();
+    let refused = client
+        .acquire(TENANT, &resources[7], "holder", ttl_ms, "acquire-late")
+        .await
+        .expect_err("a new acquire is refused while the tenant's renewals arrive late");
+    let refused_at = Instant::now();
+    assert_eq!(refused.code, ErrorCode::Overloaded, "{refused:?}");
+    assert!(refused.retryable);
+    let retry_after_ms = refused.retry_after_ms.unwrap();
+    assert!(
+        (100..=2_000).contains(&retry_after_ms),
+        "retry after {retry_after_ms} ms"
+    );
+    // Renewals are still served meanwhile, and another tenant's acquires.
+    renew_all("under-pressure").await;
+    let mut other = cluster.client(ids[0]).await;
+    other.principal = Some(Principal {
+        principal_id: "tests".to_string(),
+        tenant_id: "other-tenant".to_string(),
+    });
+    let other_resource = cluster.resource_in_group("other-tenant", group, "pressure", 0);
+    other
+        .acquire("other-tenant", &other_resource, "holder", ttl_ms, "other")
+        .await
+        .unwrap();
+    assert!(metric_sum(&cluster, &ids, "tenure_renewals_late_total").await >= 4.0);
+    assert!(metric_sum(&cluster, &ids, "tenure_renewals_sampled_total").await >= 18.0);
+    assert!(
+        metric_sum(
+            &cluster,
+            &ids,
+            "tenure_acquires_refused_renewal_pressure_total"
+        )
+        .await
+            >= 1.0
+    );
+    // The pressure passes (renewals on time again): the same acquire is served.
+    wait_for(Duration::from_secs(10), "acquires served again", || async {
+        client
+            .acquire(TENANT, &resources[7], "holder", ttl_ms, "acquire-late")
+            .await
+            .ok()
+    })
+    .await
+    .unwrap();
+    println!(
+        "renewal pressure: ttl {ttl_ms} ms; 6 renewals late, the tenant's next acquire refused with retry after {retry_after_ms} ms, another tenant's served, served again {} ms later",
+        refused_at.elapsed().as_millis()
+    );
+    other.close().await;
     client.close().await;
 }

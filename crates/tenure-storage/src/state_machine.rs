@@ -150,6 +150,19 @@ impl GroupStateMachine {
         f(&lock(&self.state).leases)
     }
 
+    /// Runs `f` on the lease state when no one else holds it (apply, a snapshot being built),
+    /// else returns `None` at once: for callers on a request path that may skip their work
+    /// rather than block a runtime thread.
+    pub fn try_with_leases<T>(&self, f: impl FnOnce(&LeaseStateMachine) -> T) -> Option<T> {
+        match self.state.try_lock() {
+            Ok(state) => Some(f(&state.leases)),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+                Some(f(&poisoned.into_inner().leases))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Runs `f` on the lease state and the last log id applied, read together (a simulation
     /// compares replicas at equal applied indexes).
     pub fn with_applied_leases<T>(

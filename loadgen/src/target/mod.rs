@@ -215,6 +215,18 @@ impl Target {
         }
     }
 
+    /// The client library's leases at risk now and the times a lease became at risk (tenure
+    /// over the client library only).
+    pub fn library_at_risk(&self) -> Option<(u64, u64)> {
+        match self {
+            Target::Tenure(target) => {
+                let stats = target.client().stats();
+                Some((stats.leases_at_risk, stats.leases_at_risk_total))
+            }
+            _ => None,
+        }
+    }
+
     /// Closes connections.
     pub async fn close(&self) {
         if let Target::Tenure(target) = self {
