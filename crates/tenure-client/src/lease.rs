@@ -150,8 +150,10 @@ impl LeaseShared {
 ///   [`Lease::fencing_token`] to every system you write to: a paused process cannot know it was
 ///   paused, so downstream systems must reject tokens older than the newest they have seen.
 /// - **Renewal.** The client renews every handle when a third of its ttl has passed since the
-///   last confirmed renewal was sent (configurable), grouping renewals due together into one
-///   Batch request per Raft group. Each confirmed renewal moves the safe deadline.
+///   last confirmed renewal was sent (configurable; no later than halfway through a safe window
+///   shortened by a replayed answer), grouping renewals due together into one Batch request
+///   per Raft group. Each confirmed renewal moves the safe deadline. A handle whose renewal is
+///   overdue reports [`Lease::at_risk`] before its loss signal.
 /// - **Loss.** [`Lease::lost`] resolves, and [`Lease::watch`] changes, when a renewal is refused
 ///   or when the safe deadline is about to pass (by `loss_signal_lead`) without a confirmed
 ///   renewal. A lost handle is not renewed again; acquire anew.

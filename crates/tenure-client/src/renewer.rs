@@ -247,7 +247,7 @@ impl Renewer {
             .timing
             .lock()
             .map_or_else(|p| p.into_inner().last_sent_at, |t| t.last_sent_at);
-        let due = last_sent_at + self.renew_after(lease, client);
+        let due = self.renew_at(lease, client, last_sent_at);
         match loss_at.checked_duration_since(due) {
             Some(margin) => due + margin / 2,
             None => loss_at,
@@ -269,6 +269,17 @@ impl Renewer {
     fn renew_after(&self, lease: &LeaseShared, client: &Client) -> Duration {
         let ppm = u64::from(client.config().renew.renew_after_ppm);
         Duration::from_micros(lease.ttl_ms.saturating_mul(ppm) / 1_000)
+    }
+
+    /// When to renew a lease whose last confirmed acquire or renewal was sent at `sent_at`:
+    /// `renew_after_ppm` of its ttl later, but never later than halfway through its current
+    /// safe window. A replayed answer grants only what is left of the original window, which
+    /// can be shorter than the renewal period: scheduled by the ttl alone, the renewal came
+    /// after the loss signal.
+    fn renew_at(&self, lease: &LeaseShared, client: &Client, sent_at: Instant) -> Instant {
+        let by_ttl = sent_at + self.renew_after(lease, client);
+        let window = lease.safe_deadline().saturating_duration_since(sent_at);
+        by_ttl.min(sent_at + window / 2)
     }
 
     fn set_counts(&self) {
@@ -335,7 +346,7 @@ impl Renewer {
                     .timing
                     .lock()
                     .map_or_else(|p| p.into_inner().last_sent_at, |t| t.last_sent_at);
-                let next_renew_at = sent_at + self.renew_after(&lease, &client);
+                let next_renew_at = self.renew_at(&lease, &client, sent_at);
                 let loss_at = self.loss_at(&lease, &client);
                 let at_risk_at = self.at_risk_at(&lease, &client, loss_at);
                 let queue = self.due.queue_of(lease.group_id, &lease.key.tenant_id);
@@ -403,7 +414,7 @@ impl Renewer {
                     timing.renewals += 1;
                 }
                 entry.failures = 0;
-                entry.next_renew_at = sent_at + self.renew_after(&entry.lease, client);
+                entry.next_renew_at = self.renew_at(&entry.lease, client, sent_at);
             }
             RenewOutcome::Gone(error) => {
                 let (code, message) = match &error {

@@ -14,8 +14,9 @@
 mod common;
 
 use std::collections::HashMap;
+use std::time::Duration;
 
-use common::{ClusterOptions, ProcessCluster, http_request};
+use common::{ClusterOptions, ProcessCluster, http_request, wait_for};
 use serde_json::{Value, json};
 
 /// What one field of an answer must be.
@@ -486,6 +487,24 @@ async fn tenure_v1_documented_examples_field_by_field() {
     ];
 
     let url = cluster.http_url(1);
+    // Readiness means every group has a leader; a new leader serves once its first entry of the
+    // term is committed (its leader clock is ready), so the first example could meet NOT_LEADER
+    // naming this very node. Wait until the examples' group serves a read.
+    let principal = [
+        ("X-Tenure-Principal-Id", "demo-user"),
+        ("X-Tenure-Principal-Tenant", TENANT),
+    ];
+    let probe = format!("{url}/v1/leases/acme/scheduler%2Fprimary");
+    wait_for(
+        Duration::from_secs(15),
+        "the examples' group to serve reads",
+        || async {
+            let (status, _, _) = http_request("GET", &probe, &principal, None).await.ok()?;
+            (status == 200).then_some(())
+        },
+    )
+    .await
+    .unwrap();
     let mut vars: HashMap<&'static str, Value> = HashMap::new();
     let mut failures = Vec::new();
     for case in &cases {
