@@ -879,7 +879,9 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
     let library = target.library_renewals().is_some();
     // The client library's leases at risk (renewal overdue), sampled every 100 ms for the
     // whole run: the most at once, and when the first was seen.
-    let at_risk_total_before = target.library_at_risk().map_or(0, |(_, total)| total);
+    let at_risk_total_before = target
+        .library_stats()
+        .map_or(0, |stats| stats.leases_at_risk_total);
     let at_risk_max = Arc::new(AtomicU64::new(0));
     let first_at_risk_s = Arc::new(Mutex::new(None::<f64>));
     let sampler_stop = Arc::new(AtomicBool::new(false));
@@ -892,7 +894,7 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
         let started = Instant::now();
         async move {
             while !stop.load(Ordering::Acquire) {
-                if let Some((now, _)) = target.library_at_risk() {
+                if let Some(now) = target.library_stats().map(|stats| stats.leases_at_risk) {
                     at_risk_max.fetch_max(now, Ordering::Relaxed);
                     if now > 0 {
                         let mut first = first_at_risk_s
@@ -1065,7 +1067,8 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
         };
     sampler_stop.store(true, Ordering::Release);
     let _ = (&mut sampler.0).await;
-    let at_risk = target.library_at_risk().map(|(now, total)| {
+    let at_risk = target.library_stats().map(|stats| {
+        let (now, total) = (stats.leases_at_risk, stats.leases_at_risk_total);
         json!({
             "at_end": now,
             "most_at_once": at_risk_max.load(Ordering::Relaxed),

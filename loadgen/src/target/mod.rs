@@ -204,27 +204,18 @@ impl Target {
         }
     }
 
-    /// `(renewal requests, renewals)` the client library sent by itself, when it renews.
-    pub fn library_renewals(&self) -> Option<(u64, u64)> {
+    /// The client library's counters (tenure over the client library only).
+    pub fn library_stats(&self) -> Option<tenure_client::ClientStats> {
         match self {
-            Target::Tenure(target) => {
-                let stats = target.client().stats();
-                Some((stats.renew_batches, stats.renewals))
-            }
+            Target::Tenure(target) => Some(target.client().stats()),
             _ => None,
         }
     }
 
-    /// The client library's leases at risk now and the times a lease became at risk (tenure
-    /// over the client library only).
-    pub fn library_at_risk(&self) -> Option<(u64, u64)> {
-        match self {
-            Target::Tenure(target) => {
-                let stats = target.client().stats();
-                Some((stats.leases_at_risk, stats.leases_at_risk_total))
-            }
-            _ => None,
-        }
+    /// `(renewal requests, renewals)` the client library sent by itself, when it renews.
+    pub fn library_renewals(&self) -> Option<(u64, u64)> {
+        self.library_stats()
+            .map(|stats| (stats.renew_batches, stats.renewals))
     }
 
     /// Closes connections.
