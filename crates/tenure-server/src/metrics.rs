@@ -56,6 +56,11 @@ pub const TRANSPORT_APPEND_ENTRIES_TOTAL: &str = "tenure_transport_append_entrie
 /// Replication-stream AppendEntries requests without entries (commit index or probe only).
 pub const TRANSPORT_APPEND_REQUESTS_WITHOUT_ENTRIES_TOTAL: &str =
     "tenure_transport_append_requests_without_entries_total";
+/// Entry-less AppendEntries requests (a commit index only) never sent because the replication
+/// stream's next request (usually the group's next entry) carried their commit index within the
+/// commit linger.
+pub const TRANSPORT_APPEND_COMMITS_CARRIED_TOTAL: &str =
+    "tenure_transport_append_commits_carried_total";
 /// WAL sync durations, in seconds (recorded by the storage's RocksDB flusher, an injected
 /// slow-disk delay included).
 pub const FSYNC_DURATION_SECONDS: &str = tenure_storage::FSYNC_DURATION_SECONDS_METRIC;
@@ -114,6 +119,7 @@ pub const COUNTERS: &[&str] = &[
     TRANSPORT_APPEND_REQUESTS_TOTAL,
     TRANSPORT_APPEND_ENTRIES_TOTAL,
     TRANSPORT_APPEND_REQUESTS_WITHOUT_ENTRIES_TOTAL,
+    TRANSPORT_APPEND_COMMITS_CARRIED_TOTAL,
     LEADER_TRANSFERS_TOTAL,
     LEADER_CHANGES_TOTAL,
     HTTP_CONNECTIONS_REFUSED_TOTAL,

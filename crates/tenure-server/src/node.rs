@@ -1186,6 +1186,8 @@ async fn run_gauges(shared: Arc<NodeShared>) {
             .absolute(transport.append_entries_sent);
         ::metrics::counter!(m::TRANSPORT_APPEND_REQUESTS_WITHOUT_ENTRIES_TOTAL)
             .absolute(transport.append_requests_without_entries_sent);
+        ::metrics::counter!(m::TRANSPORT_APPEND_COMMITS_CARRIED_TOTAL)
+            .absolute(transport.append_requests_carried);
         if transport.frames_sent > 0 {
             ::metrics::gauge!(m::TRANSPORT_MESSAGES_PER_FRAME)
                 .set(transport.messages_sent as f64 / transport.frames_sent as f64);

@@ -46,6 +46,14 @@ pub struct TransportConfig {
     /// AppendEntries requests a replication stream keeps in flight before waiting for the oldest
     /// response.
     pub stream_inflight_max: usize,
+    /// How long a replication stream holds back an AppendEntries that only moves a follower's
+    /// commit index, waiting for the group's next entry to carry it, in microseconds. 0 sends
+    /// it at once. The leader's commits never wait for it; a follower learns of a commit (and
+    /// applies it) this much later when no entry follows (later still if the stream already
+    /// has `stream_inflight_max` requests in flight: the held one then waits for room). A held
+    /// request that must leave before a newer one that starts elsewhere may take the stream
+    /// one over `stream_inflight_max`.
+    pub commit_linger_us: u64,
     /// Replication stream sessions one connection may hold open on the receiving side.
     pub stream_sessions_max: usize,
     /// Largest snapshot accepted from a peer, in bytes.
@@ -128,6 +136,7 @@ impl TransportConfig {
             lane_queue_messages_max: 8192,
             frame_bytes_max: 32 * 1024 * 1024,
             stream_inflight_max: 8,
+            commit_linger_us: 5_000,
             stream_sessions_max: 8192,
             snapshot_bytes_max: 8 * 1024 * 1024 * 1024,
             snapshot_receives_max: 4,

@@ -7,6 +7,13 @@
 //! - Replication clients pipeline `stream_append`: up to `stream_inflight_max` AppendEntries in
 //!   flight, answers yielded in request order (the receiver feeds them to `Raft::stream_append`
 //!   in order and answers in order); the stream ends after the first error answer.
+//! - A commit that rides on the next entry: openraft sends an entry-less AppendEntries as soon as
+//!   a commit has no next entry to carry it. Such a request, at the log id this stream sent last,
+//!   is held back for `commit_linger_us`. If the next request (which carries the same or a newer
+//!   commit index) starts at that same log id, the held one is never sent: its answer is the
+//!   next request's own success, yielded in its place once that arrives (a success at a later
+//!   send time and a longer log says everything the held one's would). Otherwise it is sent when
+//!   the linger ends or before anything else.
 //! - Heartbeat clients send unary AppendEntries (one per heartbeat), so the node-wide driver's
 //!   heartbeats to one peer leave in one frame.
 //! - Votes, pre-votes and leader transfers are unary requests.
@@ -236,6 +243,10 @@ impl RaftNetworkV2<TenureRaft> for PeerRaftClient {
             timeout: option.soft_ttl(),
             finished: false,
             opened: false,
+            last_sent: None,
+            held: None,
+            commit_linger: Duration::from_micros(self.shared.config.commit_linger_us),
+            ready: VecDeque::new(),
         };
         Box::pin(async move {
             let stream = futures_util::stream::unfold(pipeline, |mut pipeline| async move {
@@ -413,6 +424,9 @@ async fn send_snapshot(
 type RequestStream =
     std::pin::Pin<Box<dyn Stream<Item = AppendEntriesRequest<TenureRaft>> + Send + 'static>>;
 
+type LogIdOfRaft = openraft::alias::LogIdOf<TenureRaft>;
+type StreamItem = Result<StreamAppendResult<TenureRaft>, RPCError<TenureRaft>>;
+
 /// The sending side of one pipelined replication stream.
 struct Pipeline {
     shared: Arc<Shared>,
@@ -421,11 +435,44 @@ struct Pipeline {
     stream_id: u64,
     input: RequestStream,
     input_done: bool,
-    inflight: VecDeque<(PendingReply, Instant)>,
+    inflight: VecDeque<Inflight>,
     inflight_max: usize,
     timeout: Duration,
     finished: bool,
     opened: bool,
+    /// The log id the last request sent ends at: its last entry's, else its `prev_log_id`.
+    /// `None` before the first request. (A held request ends where the last sent one did.)
+    last_sent: Option<Option<LogIdOfRaft>>,
+    /// An entry-less request held back to ride on the next one (see the module doc).
+    held: Option<HeldCommit>,
+    /// How long `held` waits for a request to ride on; zero sends it at once.
+    commit_linger: Duration,
+    /// Answers ready to yield, in request order, before any other.
+    ready: VecDeque<StreamItem>,
+}
+
+/// One request sent and awaiting its answer.
+struct Inflight {
+    pending: PendingReply,
+    deadline: Instant,
+    /// Entry-less requests that were never sent because this one carried their commit; they
+    /// came before it, at its `prev_log_id`, and are answered first, with its success.
+    absorbed: Absorbed,
+}
+
+/// Entry-less requests answered by a later request's success.
+#[derive(Default)]
+struct Absorbed {
+    count: usize,
+    /// Their (shared) `prev_log_id`, the success each of them is answered with.
+    at: Option<LogIdOfRaft>,
+}
+
+/// An entry-less request held back, and the earlier ones it replaced.
+struct HeldCommit {
+    request: AppendEntriesRequest<TenureRaft>,
+    send_at: Instant,
+    absorbed: Absorbed,
 }
 
 enum Step {
@@ -433,6 +480,7 @@ enum Step {
     Answer(
         Result<Result<Reply, tokio::sync::oneshot::error::RecvError>, tokio::time::error::Elapsed>,
     ),
+    LingerOver,
 }
 
 impl Pipeline {
@@ -446,46 +494,80 @@ impl Pipeline {
         )
     }
 
-    async fn next_result(
-        &mut self,
-    ) -> Option<Result<StreamAppendResult<TenureRaft>, RPCError<TenureRaft>>> {
-        if self.finished {
-            return None;
-        }
+    async fn next_result(&mut self) -> Option<StreamItem> {
         loop {
-            let can_send = !self.input_done && self.inflight.len() < self.inflight_max;
+            if let Some(item) = self.ready.pop_front() {
+                return Some(item);
+            }
+            if self.finished {
+                return None;
+            }
+            if self.input_done
+                && self.inflight.len() < self.inflight_max
+                && let Some(held) = self.held.take()
+            {
+                // openraft sends nothing more on this stream: nothing can carry the held commit
+                // (with no room it waits below for the oldest answer, like any request).
+                if let Err(error) = self.send(held.request, held.absorbed).await {
+                    self.finished = true;
+                    return Some(Err(self.error(error)));
+                }
+                continue;
+            }
+            let has_room = self.inflight.len() < self.inflight_max;
+            let can_send = !self.input_done && has_room;
             if self.inflight.is_empty() && !can_send {
                 return None;
             }
+            let linger_over_at = self.held.as_ref().map(|held| held.send_at);
             let step = {
                 let input = &mut self.input;
-                let front = self.inflight.front_mut();
-                match front {
-                    Some((pending, deadline)) => {
-                        let deadline = *deadline;
-                        let answer = tokio::time::timeout_at(deadline, pending.receiver());
+                // The held request leaves when its linger is over, once there is room for it.
+                let linger = async move {
+                    match linger_over_at {
+                        Some(at) if has_room => tokio::time::sleep_until(at).await,
+                        _ => std::future::pending::<()>().await,
+                    }
+                };
+                match self.inflight.front_mut() {
+                    Some(front) => {
+                        let answer =
+                            tokio::time::timeout_at(front.deadline, front.pending.receiver());
                         tokio::select! {
                             biased;
                             request = input.next(), if can_send => Step::Input(request),
                             answer = answer => Step::Answer(answer),
+                            () = linger => Step::LingerOver,
                         }
                     }
-                    None => Step::Input(input.next().await),
+                    None => tokio::select! {
+                        biased;
+                        request = input.next(), if can_send => Step::Input(request),
+                        () = linger => Step::LingerOver,
+                    },
                 }
             };
             match step {
                 Step::Input(None) => self.input_done = true,
                 Step::Input(Some(request)) => {
-                    if let Err(error) = self.send(request).await {
+                    if let Err(error) = self.accept(request).await {
+                        self.finished = true;
+                        return Some(Err(self.error(error)));
+                    }
+                }
+                Step::LingerOver => {
+                    if let Some(held) = self.held.take()
+                        && let Err(error) = self.send(held.request, held.absorbed).await
+                    {
                         self.finished = true;
                         return Some(Err(self.error(error)));
                     }
                 }
                 Step::Answer(answer) => {
-                    let Some((pending, _)) = self.inflight.pop_front() else {
+                    let Some(front) = self.inflight.pop_front() else {
                         continue;
                     };
-                    let peer = pending.peer();
+                    let peer = front.pending.peer();
                     let result = match answer {
                         Ok(received) => crate::transport::answer(peer, received)
                             .and_then(|reply| {
@@ -504,28 +586,83 @@ impl Pipeline {
                             timeout_ms: 0,
                         }),
                     };
-                    return Some(match result {
-                        Ok(stream_result) => {
-                            if stream_result.is_err() {
-                                self.finished = true;
+                    match result {
+                        Ok(Ok(matching)) => {
+                            // The requests it carried the commit of come first; each is
+                            // answered by this success: the follower matched their log id
+                            // (this request's `prev_log_id`) when it received this request,
+                            // after they would have been sent.
+                            for _ in 0..front.absorbed.count {
+                                self.ready.push_back(Ok(Ok(front.absorbed.at)));
                             }
-                            Ok(stream_result)
+                            self.ready.push_back(Ok(Ok(matching)));
+                        }
+                        // A refusal (conflict at, or a higher vote than, the `prev_log_id` they
+                        // share) or a failure answers the first of them and ends the stream.
+                        Ok(Err(refusal)) => {
+                            self.finished = true;
+                            self.ready.push_back(Ok(Err(refusal)));
                         }
                         Err(error) => {
                             self.finished = true;
-                            Err(self.error(error))
+                            let error = self.error(error);
+                            self.ready.push_back(Err(error));
                         }
-                    });
+                    }
                 }
             }
         }
     }
 
-    async fn send(
+    /// Takes the next request from openraft: holds an entry-less one back, lets a held one ride
+    /// on it when it starts at the same log id, or sends it.
+    async fn accept(
         &mut self,
         request: AppendEntriesRequest<TenureRaft>,
     ) -> Result<(), TransportError> {
+        let mut absorbed = Absorbed::default();
+        let mut send_at = None;
+        if let Some(held) = self.held.take() {
+            if held.request.prev_log_id == request.prev_log_id {
+                // This request carries the held one's commit index or a newer one (openraft's
+                // commit index only grows within a leader's term, and a stream is one term's).
+                absorbed = held.absorbed;
+                absorbed.count += 1;
+                absorbed.at = held.request.prev_log_id;
+                send_at = Some(held.send_at);
+            } else {
+                self.send(held.request, held.absorbed).await?;
+            }
+        }
+        let ends_where_the_last_one_did = self.last_sent.as_ref() == Some(&request.prev_log_id);
+        if request.entries.is_empty()
+            && ends_where_the_last_one_did
+            && !self.commit_linger.is_zero()
+        {
+            // An entry-less request at the log id sent last only moves the follower's commit
+            // index: hold it for the next one to carry (no longer than the first one held
+            // would have waited).
+            let send_at = send_at.unwrap_or_else(|| Instant::now() + self.commit_linger);
+            self.held = Some(HeldCommit {
+                request,
+                send_at,
+                absorbed,
+            });
+            return Ok(());
+        }
+        self.send(request, absorbed).await
+    }
+
+    async fn send(
+        &mut self,
+        request: AppendEntriesRequest<TenureRaft>,
+        absorbed: Absorbed,
+    ) -> Result<(), TransportError> {
         add(&self.shared.stats.append_requests_sent, 1);
+        add(
+            &self.shared.stats.append_requests_carried,
+            absorbed.count as u64,
+        );
         add(
             &self.shared.stats.append_entries_sent,
             request.entries.len() as u64,
@@ -533,6 +670,10 @@ impl Pipeline {
         if request.entries.is_empty() {
             add(&self.shared.stats.append_requests_without_entries_sent, 1);
         }
+        let ends_at = match request.entries.last() {
+            Some(entry) => Some(entry.log_id),
+            None => request.prev_log_id,
+        };
         let payload: StreamAppendPayload = (self.stream_id, request);
         let encoded = encode_payload(&payload)?;
         let deadline = Instant::now() + self.timeout;
@@ -547,7 +688,12 @@ impl Pipeline {
             )
             .await?;
         self.opened = true;
-        self.inflight.push_back((pending, deadline));
+        self.last_sent = Some(ends_at);
+        self.inflight.push_back(Inflight {
+            pending,
+            deadline,
+            absorbed,
+        });
         Ok(())
     }
 }

@@ -66,6 +66,9 @@ counters! {
     /// Replication-stream AppendEntries without entries (they only move a follower's commit
     /// index or probe it).
     append_requests_without_entries_sent,
+    /// Entry-less replication-stream AppendEntries never sent because the next request carried
+    /// their commit index (answered by its success).
+    append_requests_carried,
     /// Connections that completed the handshake (either direction).
     connections_established,
     /// Incoming connections refused at the handshake (bad certificate, unknown node, version).

@@ -60,6 +60,9 @@ pub struct ClusterOptions {
     /// Snapshot after this many applied entries (openraft `since_last`); `None` uses openraft's
     /// default.
     pub snapshot_every_entries: Option<u64>,
+    /// How long an entry-less append waits for the next entry to carry its commit, in
+    /// microseconds (`TransportConfig::commit_linger_us`).
+    pub commit_linger_us: u64,
 }
 
 impl Default for ClusterOptions {
@@ -72,6 +75,7 @@ impl Default for ClusterOptions {
             seed: 1,
             linger_us: 100,
             snapshot_every_entries: None,
+            commit_linger_us: 5_000,
         }
     }
 }
@@ -188,6 +192,7 @@ impl LocalCluster {
         let table = Arc::new(GroupTable::new(spool_dir));
         let mut config = TransportConfig::new(id, addr, self.addrs.clone());
         config.linger_us = self.options.linger_us;
+        config.commit_linger_us = self.options.commit_linger_us;
         config.seed = self.options.seed ^ id;
         config.reconnect_backoff_max_ms = 500;
         let registry: Arc<dyn GroupRegistry> = table.clone();
