@@ -197,11 +197,22 @@ run_loadgen() {
     return 1
   fi
   after=$(server_cpu)
-  python3 - "$OUT/$name.json" "$before" "$after" <<'PY'
+  python3 - "$OUT/$name.json" "$before" "$after" $(server_tree) <<'PY'
 import json, sys
 path, before, after = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 report = json.load(open(path))
 report["server_cpu_s"] = after - before
+# Each server process's resident memory when the run ended and its peak since it started
+# (VmRSS, VmHWM), for the processes still running.
+memory = {}
+for pid in sys.argv[4:]:
+    try:
+        fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status") if ":" in line)
+        memory[pid] = {key: int(fields[field].split()[0]) * 1024
+                       for key, field in (("rss_bytes", "VmRSS"), ("peak_rss_bytes", "VmHWM"))}
+    except (OSError, KeyError, ValueError):
+        pass
+report["server_memory"] = memory
 json.dump(report, open(path, "w"), indent=1)
 PY
   echo "  $name: $(head -1 "$OUT/$name.txt")"

@@ -64,6 +64,14 @@ def main():
     for r in [header] + rows:
         print("  ".join(str(c).rjust(w) if i > 1 else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
+    def server_memory_text(report):
+        memory = report.get("server_memory") or {}
+        if not memory:
+            return ""
+        rss = max(m["rss_bytes"] for m in memory.values()) / 2**20
+        peak = max(m["peak_rss_bytes"] for m in memory.values()) / 2**20
+        return f"; largest server process RSS {rss:.0f} MiB at the end (peak {peak:.0f} MiB)"
+
     holds = {t: load(directory, f"{t}-hold") for t in targets}
     if any(holds.values()):
         print()
@@ -86,6 +94,7 @@ def main():
                 f"{renew_text}; loadgen CPU {steady['loadgen_cpu_percent_of_one_core'] or 0:.0f}% of a core, "
                 f"RSS {(d['loadgen_rss_bytes_holding'] or 0) / 2**20:.0f} MiB; "
                 f"server CPU {h.get('server_cpu_s', 0):.1f} s over the whole run"
+                f"{server_memory_text(h)}"
             )
 
     expiries = {t: load(directory, f"{t}-expiry") for t in targets}

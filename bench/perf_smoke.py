@@ -105,6 +105,8 @@ def table(directory, groups_list):
         appends = delta(before, after, "tenure_transport_append_requests_total")
         appended = delta(before, after, "tenure_transport_append_entries_total")
         empty = delta(before, after, "tenure_transport_append_requests_without_entries_total")
+        # Entry-less requests the next entry carried instead (absent before the commit linger).
+        carried = delta(before, after, "tenure_transport_append_commits_carried_total")
         fsyncs = delta(before, after, "tenure_fsyncs_total")
         fsync_p50 = quantile_from_buckets(before, after, "tenure_fsync_duration_seconds", 0.5)
         fsync_p99 = quantile_from_buckets(before, after, "tenure_fsync_duration_seconds", 0.99)
@@ -140,7 +142,8 @@ def table(directory, groups_list):
             per_op_us(sat, "server_cpu_s") + " / " + per_op_us(half, "server_cpu_s"),
             client_us(sat) + " / " + client_us(half),
             f"{ops / proposals:.1f}" if proposals else "-",
-            f"{appends / appended:.2f} ({empty / appends * 100:.0f}% empty)" if appended and appends else "-",
+            (f"{appends / appended:.2f} ({empty / appends * 100:.0f}% empty, {carried / appended:.2f} carried)"
+             if appended and appends else "-"),
             f"{fsyncs / max(1e-9, sat['duration_s'] + 3) / 3:.0f}/s/node" if sat and fsyncs else "-",
             (f"{fsync_p50 * 1000:g}/{fsync_p99 * 1000:g}" if fsync_p50 is not None and fsync_p99 is not None else "-"),
             idle,

@@ -4,6 +4,7 @@
 # the middle of the run, and prints the CPU split by component (bench/perf_breakdown.py) plus the
 # nodes' own per-stage histograms (commit latency, fsync, batch sizes) from /metrics.
 #   ./bench/profile.sh                 # SCENARIO=mixed WORKERS=512 DURATION_S=20
+#   TENURE_GROUPS=64 BIN_DIR=DIR ./bench/profile.sh   # a group count; binaries built earlier
 # Needs perf (Debian: linux-perf; installed if missing). Bounded: the cluster stops by itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,9 +15,14 @@ if ! command -v perf >/dev/null; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq linux-perf >/dev/null
 fi
+TENURE_GROUPS=${TENURE_GROUPS:-}   # empty: tenure dev's default for this machine's cores
 ./scripts/install-deps.sh
-./scripts/build.sh release
-bin="${CARGO_TARGET_DIR:-target}/release"
+if [ -n "${BIN_DIR:-}" ]; then
+  bin=$BIN_DIR
+else
+  ./scripts/build.sh release
+  bin="${CARGO_TARGET_DIR:-target}/release"
+fi
 work=$(mktemp -d /tmp/tenure-profile.XXXXXX)
 dev=""; load=""
 cleanup() {
@@ -26,7 +32,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-"$bin/tenure" dev --base-port 0 --data-dir "$work/dev" --duration-s $((DURATION_S + 60)) >"$work/dev.log" 2>&1 &
+"$bin/tenure" dev --base-port 0 --data-dir "$work/dev" --duration-s $((DURATION_S + 60)) \
+  ${TENURE_GROUPS:+--groups "$TENURE_GROUPS"} >"$work/dev.log" 2>&1 &
 dev=$!
 for _ in $(seq 600); do [ -s "$work/dev/cluster.json" ] && break; sleep 0.1; done
 if [ ! -s "$work/dev/cluster.json" ]; then
