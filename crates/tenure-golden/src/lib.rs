@@ -5,7 +5,7 @@
 //! instead of comparing:
 //!
 //! ```text
-//! TENURE_BLESS=1 cargo test --workspace --all-features --test golden
+//! TENURE_BLESS=1 cargo test --workspace --all-features -- golden
 //! ```
 //!
 //! Used by the golden tests of `tenure-proto` and `tenure-storage` and by `tenure-transport`'s
@@ -189,7 +189,7 @@ impl Golden {
         assert!(
             failures.is_empty(),
             "{} golden mismatch(es) in {}: {what} changed. If deliberate, {advice} and re-bless \
-             with `TENURE_BLESS=1 cargo test --workspace --all-features --test golden`.\n{}",
+             with `TENURE_BLESS=1 cargo test --workspace --all-features -- golden`.\n{}",
             failures.len(),
             self.dir.display(),
             failures.join("\n")

@@ -22,7 +22,7 @@
 //! version 0) are still read: the seeded checksum tells the two layouts apart.
 //!
 //! The payloads' postcard encoding depends on the declaration order of every enum in them (log
-//! entries, votes, snapshot pointers); `tests/golden.rs` pins their bytes.
+//! entries, votes, snapshot pointers); `tests/storage_tests/golden.rs` pins their bytes.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;

@@ -8,7 +8,7 @@
 //! (`CLIENT_PROTOCOL_VERSION`, `PEER_PROTOCOL_VERSION`) and a deliberate re-blessing:
 //!
 //! ```text
-//! TENURE_BLESS=1 cargo test --workspace --all-features --test golden
+//! TENURE_BLESS=1 cargo test --workspace --all-features -- golden
 //! ```
 //!
 //! Must not depend on: anything but the crate's public API and `tenure-core`'s types.

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{Harness, TENANT, acquire_op, key, release_op, renew_op};
 use tenure_core::{

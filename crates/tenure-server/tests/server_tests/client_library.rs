@@ -14,7 +14,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

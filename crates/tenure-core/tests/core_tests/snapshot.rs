@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{Harness, TENANT, acquire_op, renew_op};
 use proptest::prelude::*;

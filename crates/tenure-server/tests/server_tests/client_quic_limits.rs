@@ -9,7 +9,7 @@
     clippy::result_large_err
 )]
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

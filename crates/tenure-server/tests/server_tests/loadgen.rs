@@ -13,7 +13,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

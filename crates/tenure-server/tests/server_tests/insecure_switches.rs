@@ -10,7 +10,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -9,7 +9,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

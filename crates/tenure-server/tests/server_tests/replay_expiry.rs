@@ -16,7 +16,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -13,7 +13,7 @@
 //! re-bless deliberately:
 //!
 //! ```text
-//! TENURE_BLESS=1 cargo test --workspace --all-features --test golden
+//! TENURE_BLESS=1 cargo test --workspace --all-features -- golden
 //! ```
 //!
 //! Must not depend on: a running node or a database; this only encodes and decodes.

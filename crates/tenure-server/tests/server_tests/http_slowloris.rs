@@ -19,7 +19,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -12,7 +12,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -139,7 +139,7 @@ async fn killing_a_leader_reelects_only_its_groups() {
 
 /// 20 kill/restart rounds; prints p50/p99 failover time (for the closing note).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "slow report: cargo test -p tenure-server --test cluster_faults -- --ignored --nocapture"]
+#[ignore = "slow report: cargo test -p tenure-server --test server_tests -- --ignored --nocapture failover_times_report"]
 async fn failover_times_report() {
     let mut cluster = ProcessCluster::start_ready(fault_options()).await;
     let mut times = Vec::new();

@@ -12,7 +12,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

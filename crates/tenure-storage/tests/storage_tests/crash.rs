@@ -51,7 +51,7 @@ const CYCLES_ENV: &str = "TENURE_CRASH_CYCLES";
 /// Seed of the whole run.
 const SEED_ENV: &str = "TENURE_CRASH_SEED";
 /// This test's name, so the child runs only it.
-const TEST_NAME: &str = "acknowledged_appends_survive_sigkill";
+const TEST_NAME: &str = "crash::acknowledged_appends_survive_sigkill";
 
 const GROUPS: u32 = 64;
 const DEFAULT_CYCLES: u32 = 5;
