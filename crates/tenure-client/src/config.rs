@@ -284,7 +284,10 @@ impl ClientConfig {
         if self.frame_requests_max == 0
             || self.frame_requests_max > tenure_proto::client::REQUESTS_PER_FRAME_MAX
         {
-            return fail("frame_requests_max must be within [1, 4096]");
+            return fail(&format!(
+                "frame_requests_max must be within [1, {}]",
+                tenure_proto::client::REQUESTS_PER_FRAME_MAX
+            ));
         }
         // Renewing later than 90% of the ttl would come after the safe deadline (98% of the ttl
         // less 50 ms by default).
@@ -299,9 +302,10 @@ impl ClientConfig {
             || self.renew.batch_ops_max > tenure_proto::client::BATCH_OPS_MAX
             || self.renew.batches_inflight_max == 0
         {
-            return fail(
-                "renew.batch_ops_max must be within [1, 4096] and batches_inflight_max at least 1",
-            );
+            return fail(&format!(
+                "renew.batch_ops_max must be within [1, {}] and batches_inflight_max at least 1",
+                tenure_proto::client::BATCH_OPS_MAX
+            ));
         }
         if self.safety.max_drift_ppm >= 500_000 || self.safety.margin_ppm >= 500_000 {
             return fail("safety.max_drift_ppm and margin_ppm must be below 500000");

@@ -31,6 +31,11 @@ pub const REQUEST_ID_BYTES_MAX: usize = 128;
 pub const TTL_MS_CEILING: u64 = u32::MAX as u64;
 /// Largest batch any configuration may allow.
 pub const BATCH_ITEMS_CEILING: u32 = 65_536;
+/// Operations one log entry may carry by default ([`GroupLimits::batch_items_max`]). The one
+/// definition of this bound: the wire's `BATCH_OPS_MAX` (a client's `Batch` is proposed as one
+/// entry) and the server's `OPS_PER_ENTRY_CEILING` (the proposer's entries) are this value, and
+/// the server checks both against the groups' actual limit when a node starts.
+pub const BATCH_ITEMS_MAX_DEFAULT: u32 = 4_096;
 
 /// Heap bytes of one lease record with short ids, as `tenure-bench`'s `lease_memory` measured it
 /// (175.7 bytes per active lease at 1M leases; the hash tables then sit at their emptiest load,
@@ -159,7 +164,7 @@ impl Default for GroupLimits {
             dedup_records_max: GROUP_RECORDS_MAX_DEFAULT,
             inactive_retention_ms: 600_000,
             inactive_records_max: GROUP_RECORDS_MAX_DEFAULT,
-            batch_items_max: 4_096,
+            batch_items_max: BATCH_ITEMS_MAX_DEFAULT,
             expire_batch_max: 4_096,
             list_page_size_max: 1_000,
             list_scan_max: 10_000,

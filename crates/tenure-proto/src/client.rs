@@ -89,9 +89,10 @@ pub const CLIENT_FRAME_BYTES_MAX: usize = 4 << 20;
 /// Most requests one [`RequestFrame`] may carry.
 pub const REQUESTS_PER_FRAME_MAX: usize = 4_096;
 
-/// Most operations one [`RequestBody::Batch`] may carry (the groups' `batch_items_max` may be
-/// lower; it is enforced by the group).
-pub const BATCH_OPS_MAX: usize = 4_096;
+/// Most operations one [`RequestBody::Batch`] may carry: a batch is proposed as one log entry, so
+/// this is the state machine's default entry bound ([`tenure_core::BATCH_ITEMS_MAX_DEFAULT`]; a
+/// node checks it against its groups' actual `batch_items_max` when it starts).
+pub const BATCH_OPS_MAX: usize = tenure_core::BATCH_ITEMS_MAX_DEFAULT as usize;
 
 /// Longest bearer token accepted, in bytes.
 pub const TOKEN_BYTES_MAX: usize = 4_096;

@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 use tenure_core::NegativeControl;
 use tenure_transport::GroupTiming;
 
+pub use crate::auth::{AuthConfig, TokenConfig};
+
 /// The `tenure serve` flag without which a configuration with test or insecure switches
 /// ([`ServerConfig::insecure_switches`]) is refused; with it, such a configuration still runs only
 /// on loopback addresses ([`ServerConfig::check_insecure_switches`]).
@@ -23,8 +25,10 @@ pub const ALLOW_INSECURE_FLAG: &str = "--allow-insecure-loopback-only";
 /// Largest number of groups a cluster may have: the placement map's slot count
 /// (`tenure_core::SLOT_COUNT_DEFAULT`), since every group needs at least one slot.
 pub const GROUPS_MAX: u32 = tenure_core::SLOT_COUNT_DEFAULT;
-/// Largest `limits.ops_per_entry_max`.
-pub const OPS_PER_ENTRY_CEILING: u32 = 4_096;
+/// Largest `limits.ops_per_entry_max`: the state machine refuses a longer entry
+/// ([`tenure_core::BATCH_ITEMS_MAX_DEFAULT`], checked again against the groups' actual limit by
+/// [`crate::limits::check_relations`] when a node starts).
+pub const OPS_PER_ENTRY_CEILING: u32 = tenure_core::BATCH_ITEMS_MAX_DEFAULT;
 /// Largest magnitude of `testing.clock_rate_ppm` (10%).
 pub const CLOCK_RATE_PPM_BOUND: i64 = 100_000;
 /// Largest magnitude of `testing.clock_offset_ms` (one year).
@@ -349,30 +353,6 @@ impl StateMemoryPlan {
             ..base
         }
     }
-}
-
-/// Authentication.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AuthConfig {
-    /// Development only: accept the Tenure principal headers (HTTP) and request principals (QUIC)
-    /// without authentication. `tenure dev` sets it and logs loudly. Default false.
-    pub insecure_dev_mode: bool,
-    /// Bearer tokens, stored as SHA-256 hashes (`tenure hash-token TOKEN` prints one). In TOML:
-    /// one `[[auth.tokens]]` table per token. Default none.
-    pub tokens: Vec<TokenConfig>,
-}
-
-/// One bearer token.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenConfig {
-    /// Hex SHA-256 of the token (64 hex digits, as `tenure hash-token` prints). Required.
-    pub sha256: String,
-    /// The principal it authenticates. Required, non-empty.
-    pub principal_id: String,
-    /// The only tenant it may touch. Required, non-empty.
-    pub tenant_id: String,
 }
 
 /// Storage.
@@ -751,7 +731,7 @@ impl ServerConfig {
         timing
     }
 
-    /// The most groups any member hosts (replicas are placed as `node::replicas_of` places
+    /// The most groups any member hosts (replicas are placed as `placement::replicas_of` places
     /// them: group `g`'s replicas are the `replication_factor` members from index `g mod n` of
     /// the sorted member ids). Every member computes the same number from the same file, so
     /// every leader installs the same group limits.
@@ -1583,7 +1563,7 @@ node_key = "certs/node-1.key"
                 .iter()
                 .map(|id| {
                     (0..groups)
-                        .filter(|&g| crate::node::replicas_of(g, &ids, factor).contains(id))
+                        .filter(|&g| crate::placement::replicas_of(g, &ids, factor).contains(id))
                         .count()
                 })
                 .max()

@@ -46,9 +46,7 @@ use tracing::{debug, info, warn};
 use crate::clock::MonotonicClock;
 use crate::metrics as m;
 
-/// Estimated bytes of one log entry at most: 256 entries per AppendEntries (the transport's
-/// `append_entries_max`) x 120 KiB stays under the transport's 32 MiB frame.
-pub const ENTRY_BYTES_MAX: usize = 120 * 1024;
+use crate::limits::ENTRY_BYTES_MAX;
 
 /// Fixed per-operation overhead in the entry-size estimate (ids, ttl, enum tags).
 const OP_OVERHEAD_BYTES: usize = 48;
@@ -616,6 +614,16 @@ async fn run_proposer(handle: Arc<GroupHandle>, mut receiver: mpsc::Receiver<Pro
                 Err(_) => break,
             }
         }
+        // Invariant: the entry fits the bounds its readers rely on. The state machine refuses
+        // an entry of more than `batch_items_max` operations whole, and the transport's frame
+        // holds `append_entries_max` entries of `ENTRY_BYTES_MAX` (`limits::check_relations`).
+        // `propose` and the request path refuse larger proposals, so only a bug gets here.
+        assert!(
+            ops_count <= handle.settings.desired_limits.batch_items_max as usize
+                && bytes <= ENTRY_BYTES_MAX,
+            "entry bounds broken: group {} packed {ops_count} operations of about {bytes} bytes",
+            handle.group_id
+        );
         let Some(now) = handle.log_now_ms() else {
             let error = handle.not_leader();
             for proposal in batch {

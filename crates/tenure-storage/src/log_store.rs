@@ -10,7 +10,7 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use openraft::alias::{LogIdOf, VoteOf};
 use openraft::entry::RaftEntry;
@@ -30,6 +30,9 @@ use crate::{LogEntry, TenureRaft};
 pub struct GroupLogStore {
     shared: Arc<Shared>,
     group: u32,
+    /// One past the highest committed index this store (and its clones) saved, 0 before any:
+    /// the committed-index invariant's memory.
+    committed_saved_next: Arc<AtomicU64>,
 }
 
 impl Debug for GroupLogStore {
@@ -42,7 +45,11 @@ impl Debug for GroupLogStore {
 
 impl GroupLogStore {
     pub(crate) fn new(shared: Arc<Shared>, group: u32) -> Self {
-        GroupLogStore { shared, group }
+        GroupLogStore {
+            shared,
+            group,
+            committed_saved_next: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     /// The group this store belongs to.
@@ -256,6 +263,19 @@ impl RaftLogStorage<TenureRaft> for GroupLogStore {
         committed: Option<LogIdOf<TenureRaft>>,
     ) -> Result<(), io::Error> {
         self.shared.inner.check_group(self.group)?;
+        if let Some(log_id) = &committed {
+            // Invariant: the committed index only grows (openraft saves it as it advances). A
+            // smaller one would let a restart re-apply from a point before entries it applied.
+            let next = log_id.index().saturating_add(1);
+            let before = self.committed_saved_next.fetch_max(next, Ordering::AcqRel);
+            assert!(
+                next >= before,
+                "committed index would go back: group {} saved up to index {}, now {}",
+                self.group,
+                before.saturating_sub(1),
+                log_id.index()
+            );
+        }
         let batch = self.meta_batch(META_COMMITTED, &committed)?;
         // Not synced: a lost committed id only means re-applying from the snapshot on restart.
         Ok(self

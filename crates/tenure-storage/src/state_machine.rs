@@ -532,6 +532,17 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
             let response = {
                 let mut state = lock(&self.state);
                 let log_id = entry.log_id();
+                // Invariant: the applied index only grows. Applying an entry twice, or out of
+                // order, would grant twice and break the replicas' agreement; the node stops.
+                assert!(
+                    state
+                        .last_applied
+                        .as_ref()
+                        .is_none_or(|last| log_id.index() > last.index()),
+                    "applied index would not grow: group {} applied {:?}, next {log_id:?}",
+                    self.group,
+                    state.last_applied
+                );
                 // Negative control (test builds only): a new leader term resets the tokens.
                 if state
                     .last_applied
@@ -642,6 +653,18 @@ mod tests {
     async fn apply_all(machine: &mut GroupStateMachine, entries: Vec<LogEntry>) {
         let stream = futures_util::stream::iter(entries.into_iter().map(|e| Ok((e, None))));
         machine.apply(stream).await.unwrap();
+    }
+
+    /// The applied-index invariant fires: an entry at or below the last applied index stops the
+    /// node (a panic, which `tenure_server::serve::abort_on_panic` turns into an abort).
+    #[tokio::test]
+    #[should_panic(expected = "applied index would not grow")]
+    async fn applying_an_entry_again_breaks_the_applied_index_invariant() {
+        let dir = TempDir::new().unwrap();
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        let mut machine = node.state_machine(GROUP, StateOptions::default()).unwrap();
+        apply_all(&mut machine, entries(1..=3)).await;
+        apply_all(&mut machine, entries(2..=2)).await;
     }
 
     /// Waits (bounded) for the next event a hook reported.

@@ -8,6 +8,10 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// Default largest peer frame body, in bytes (32 MiB): one AppendEntries message, whose
+/// entries a node sizes to fit it (`tenure_server::limits::check_relations`).
+pub const FRAME_BYTES_MAX_DEFAULT: usize = 32 * 1024 * 1024;
+
 /// Settings of one node's peer transport.
 #[derive(Debug, Clone)]
 pub struct TransportConfig {
@@ -134,7 +138,7 @@ impl TransportConfig {
             linger_us: 100,
             control_linger_us: 2000,
             lane_queue_messages_max: 8192,
-            frame_bytes_max: 32 * 1024 * 1024,
+            frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
             stream_inflight_max: 8,
             commit_linger_us: 5_000,
             stream_sessions_max: 8192,

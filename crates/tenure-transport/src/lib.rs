@@ -41,7 +41,7 @@ pub mod testing;
 pub mod tls;
 mod transport;
 
-pub use config::{ClientQuicLimits, GroupTiming, TransportConfig};
+pub use config::{ClientQuicLimits, FRAME_BYTES_MAX_DEFAULT, GroupTiming, TransportConfig};
 pub use error::TransportError;
 pub use fault::{FaultInjector, LinkFaults, Verdict};
 pub use heartbeat::spawn_heartbeat_driver;
