@@ -62,6 +62,7 @@ mod limits;
 mod negative;
 mod placement;
 mod state;
+mod validate;
 
 pub use command::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOutcome,
@@ -69,18 +70,15 @@ pub use command::{
     ReleaseRequest, RenewRequest, ReplayState, ReplayStatus,
 };
 pub use error::{ErrorCode, LeaseError, OverloadReason, QuotaKind};
-pub use ids::{
-    GroupId, LeaseId, ResourceKey, validate_holder_id, validate_request_id, validate_resource_id,
-    validate_tenant_id,
-};
+pub use ids::{GroupId, LeaseId, ResourceKey};
 pub use limits::{
-    BATCH_ITEMS_CEILING, DEDUP_RECORD_BYTES_MEASURED, DEDUP_RECORD_BYTES_WORST,
-    GROUP_RECORDS_MAX_DEFAULT, GROUP_TENANTS_MAX_DEFAULT, GroupLimits, HOLDER_ID_BYTES_MAX,
-    HOSTED_GROUPS_DEFAULT, LEASE_RECORD_BYTES_MEASURED, LEASE_RECORD_BYTES_WORST,
-    NODE_STATE_BYTES_DEFAULT, REQUEST_ID_BYTES_MAX, RESOURCE_ID_BYTES_MAX,
-    TENANT_ACTIVE_LEASES_MAX_DEFAULT, TENANT_BYTES_WORST, TENANT_GROUP_SHARE_FLOOR_DEFAULT,
-    TENANT_ID_BYTES_MAX, TENANT_QUOTA_SLACK_PERCENT_DEFAULT, TTL_MS_CEILING, TenantPolicy,
-    tenant_group_share,
+    BATCH_ITEMS_CEILING, BATCH_ITEMS_MAX_DEFAULT, DEDUP_RECORD_BYTES_MEASURED,
+    DEDUP_RECORD_BYTES_WORST, GROUP_RECORDS_MAX_DEFAULT, GROUP_TENANTS_MAX_DEFAULT, GroupLimits,
+    HOLDER_ID_BYTES_MAX, HOSTED_GROUPS_DEFAULT, LEASE_RECORD_BYTES_MEASURED,
+    LEASE_RECORD_BYTES_WORST, NODE_STATE_BYTES_DEFAULT, REQUEST_ID_BYTES_MAX,
+    RESOURCE_ID_BYTES_MAX, TENANT_ACTIVE_LEASES_MAX_DEFAULT, TENANT_BYTES_WORST,
+    TENANT_GROUP_SHARE_FLOOR_DEFAULT, TENANT_ID_BYTES_MAX, TENANT_QUOTA_SLACK_PERCENT_DEFAULT,
+    TTL_MS_CEILING, TenantPolicy, tenant_group_share,
 };
 pub use negative::NegativeControl;
 pub use placement::{
@@ -89,4 +87,7 @@ pub use placement::{
 pub use state::{
     LeaseStateMachine, SNAPSHOT_FORMAT_VERSION, SnapshotError, SnapshotStats, StateOptions,
     StateStats,
+};
+pub use validate::{
+    validate_holder_id, validate_request_id, validate_resource_id, validate_tenant_id,
 };

@@ -5,11 +5,34 @@
 
 use std::collections::HashMap;
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tenure_core::ErrorCode;
 use tenure_proto::client::{Principal, WireError};
 
-use crate::config::AuthConfig;
+/// Authentication.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Development only: accept the Tenure principal headers (HTTP) and request principals (QUIC)
+    /// without authentication. `tenure dev` sets it and logs loudly. Default false.
+    pub insecure_dev_mode: bool,
+    /// Bearer tokens, stored as SHA-256 hashes (`tenure hash-token TOKEN` prints one). In TOML:
+    /// one `[[auth.tokens]]` table per token. Default none.
+    pub tokens: Vec<TokenConfig>,
+}
+
+/// One bearer token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// Hex SHA-256 of the token (64 hex digits, as `tenure hash-token` prints). Required.
+    pub sha256: String,
+    /// The principal it authenticates. Required, non-empty.
+    pub principal_id: String,
+    /// The only tenant it may touch. Required, non-empty.
+    pub tenant_id: String,
+}
 
 /// Hex SHA-256 of a token, as the configuration stores it.
 pub fn token_sha256_hex(token: &str) -> String {

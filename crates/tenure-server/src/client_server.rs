@@ -57,8 +57,8 @@ use tracing::{debug, warn};
 
 use crate::config::ClientLimitsConfig;
 use crate::forward::read_frame_body;
-use crate::node::NodeShared;
-use crate::service::{RequestContext, Service};
+use crate::request::{RequestContext, Service};
+use crate::shared::NodeShared;
 
 /// Largest request frame accepted before the connection authenticated, in bytes (an
 /// `Authenticate` with the longest token fits many times).

@@ -17,13 +17,19 @@
 //! - [`fault_control`]: fault injection while the node runs (tests only: clock rate, slow WAL
 //!   syncs, cut links).
 //! - [`group`]: one hosted group: its leader clock, proposal batching, reads.
-//! - [`node`]: starting and stopping a node; placement; leader table; expiry; balancing.
+//! - [`node`]: starting and stopping a node (start-up and wiring).
 //! - [`serve`]: `tenure serve`: a node until SIGINT or SIGTERM, then a graceful stop.
-//! - [`service`]: one request, end to end: admission, auth, routing, forwarding, metrics.
+//! - [`request`]: the request path, one request end to end: tenant check, admission, routing,
+//!   local proposal or read, forwarding, answer, metrics.
+//! - [`shared`]: the state the request path and the background tasks share; readiness.
+//! - [`background`]: expiry, leader balancing, the leader-table exchange, gauges, and the
+//!   shutdown hand-off, one module each.
+//! - [`placement`]: which nodes host which groups.
 //! - [`client_server`]: the QUIC side of the client protocol.
 //! - [`forward`]: connections to other nodes' client endpoints for forwarding.
 //! - [`http`]: the axum gateway (Tenure v1 routes, health, readiness, metrics, OpenAPI).
 //! - [`metrics`]: metric names and the Prometheus exporter.
+//! - [`limits`]: the bounds that tie one crate's limits to another's, checked at start.
 //! - [`dev`], [`certs`]: the `tenure dev` and `tenure certs` commands.
 //!
 //! Must not depend on: anything above it (client library, loadgen, tests).
@@ -34,6 +40,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod background;
 pub mod certs;
 pub mod client_server;
 pub mod clock;
@@ -45,12 +52,15 @@ pub mod forward;
 pub mod group;
 pub mod http;
 pub mod identity;
+pub mod limits;
 pub mod metrics;
 pub mod node;
+pub mod placement;
+pub mod request;
 pub mod serve;
-pub mod service;
+pub mod shared;
 
 pub use config::ServerConfig;
 pub use error::ServerError;
 pub use node::{Node, NodeEnv};
-pub use service::{RequestContext, Service};
+pub use request::{RequestContext, Service};

@@ -17,6 +17,13 @@ use rand::{Rng as _, SeedableRng as _};
 use rocksdb::{ColumnFamily, DB, Direction, IteratorMode, WriteBatch, WriteOptions};
 
 /// A column family.
+/// Column family of log entries.
+pub const CF_LOG: &str = "log";
+/// Column family of per-group Raft metadata (vote, committed, last purged).
+pub const CF_META: &str = "meta";
+/// Column family of per-group state-machine records (current snapshot pointer).
+pub const CF_STATE: &str = "state";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Cf {
     /// Log entries.
@@ -31,9 +38,9 @@ impl Cf {
     /// RocksDB's name for it.
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Cf::Log => crate::node::CF_LOG,
-            Cf::Meta => crate::node::CF_META,
-            Cf::State => crate::node::CF_STATE,
+            Cf::Log => CF_LOG,
+            Cf::Meta => CF_META,
+            Cf::State => CF_STATE,
         }
     }
 

@@ -34,13 +34,12 @@ mod node;
 mod runtime;
 mod state_machine;
 
-pub use backend::{CrashLoss, MemoryDisk};
+pub use backend::{CF_LOG, CF_META, CF_STATE, CrashLoss, MemoryDisk};
 pub use error::StoreError;
 pub use log_store::GroupLogStore;
 pub use node::{
-    CF_LOG, CF_META, CF_STATE, FILE_DESCRIPTORS_BESIDES_TABLES_MAX, FSYNC_DURATION_SECONDS_METRIC,
-    MAX_OPEN_FILES_DEFAULT, NodeStorage, SNAPSHOT_FILES_PER_GROUP_MAX, StatsSnapshot,
-    StorageOptions, StorageStats,
+    FILE_DESCRIPTORS_BESIDES_TABLES_MAX, FSYNC_DURATION_SECONDS_METRIC, MAX_OPEN_FILES_DEFAULT,
+    NodeStorage, SNAPSHOT_FILES_PER_GROUP_MAX, StatsSnapshot, StorageOptions, StorageStats,
 };
 pub use runtime::{TenureRuntime, seed_raft_randomness};
 pub use state_machine::{GroupSnapshotBuilder, GroupStateMachine};

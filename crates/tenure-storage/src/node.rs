@@ -29,20 +29,13 @@ use openraft::storage::IOFlushed;
 use rocksdb::{ColumnFamilyDescriptor, DB, DBRecoveryMode, Options};
 
 use crate::TenureRaft;
-use crate::backend::{Backend, Batch, MemoryDisk};
+use crate::backend::{Backend, Batch, CF_LOG, CF_META, CF_STATE, MemoryDisk};
 use crate::error::StoreError;
 
 /// The histogram of WAL sync durations (seconds) the RocksDB flusher records through the
 /// `metrics` facade, an injected slow-disk delay included (nothing is recorded unless the process
 /// installed a recorder; a memory disk records nothing).
 pub const FSYNC_DURATION_SECONDS_METRIC: &str = "tenure_fsync_duration_seconds";
-
-/// Column family of log entries.
-pub const CF_LOG: &str = "log";
-/// Column family of per-group Raft metadata (vote, committed, last purged).
-pub const CF_META: &str = "meta";
-/// Column family of per-group state-machine records (current snapshot pointer).
-pub const CF_STATE: &str = "state";
 
 /// How the store runs.
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@
 //! example in its first frame) to the certificate it presented.
 //!
 //! This module also issues the certificates: [`generate_cluster_ca`], [`issue_node_certificate`]
-//! and [`write_cluster_certificates`] (the library half of the future `tenure certs` command).
+//! and [`write_cluster_certificates`] (the library half of `tenure certs`, `tenure_server::certs`).
 //!
 //! ## What it must not depend on
 //!

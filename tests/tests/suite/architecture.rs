@@ -212,3 +212,202 @@ fn tenure_loadgen_sees_tenure_only_as_a_client() {
         ],
     );
 }
+
+/// Import cycles among a crate's top-level modules that are known and not yet taken apart, with
+/// the reason. The test fails on any other cycle, and on a listed one that no longer exists (so
+/// the list only shrinks).
+const KNOWN_MODULE_CYCLES: &[(&str, &[&str])] = &[
+    // The `Lease` handle calls the client to renew and release, the client creates leases and
+    // runs the renewer, and the renewer updates leases through the client's connections. Taking
+    // it apart means a lower `calls` module under all three.
+    ("crates/tenure-client", &["client", "lease", "renewer"]),
+    // The stream acceptor (`inbound`) uses the link state and frame I/O defined beside the
+    // connection loop (`transport`) that spawns it. Taking it apart means moving the link state
+    // and frame I/O into a module of their own.
+    ("crates/tenure-transport", &["inbound", "transport"]),
+];
+
+/// The crate-local modules a source file names (`crate::x` paths and `use crate::{x, y::z}`
+/// groups), outside comments and outside its `#[cfg(test)] mod tests`.
+fn crate_references(text: &str) -> std::collections::BTreeSet<String> {
+    let code: String = text
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let code = match code.find("#[cfg(test)]\nmod tests") {
+        Some(at) => &code[..at],
+        None => &code[..],
+    };
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        let after = &rest[at + "crate::".len()..];
+        if let Some(group) = after.strip_prefix('{') {
+            // Top-level items of the brace group.
+            let mut depth = 0usize;
+            let mut item_start = true;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => item_start = true,
+                    c if item_start && !c.is_whitespace() => {
+                        names.insert(ident(&group[i..]));
+                        item_start = false;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            names.insert(ident(after));
+        }
+        rest = after;
+    }
+    names
+}
+
+/// The module dependency graph of one crate's `src` (top-level modules only; `lib.rs`, `main.rs`
+/// and `bin/` are the crate's roots, not modules).
+fn module_graph(
+    src: &Path,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_sources(src, &mut files);
+    let mut modules: std::collections::BTreeMap<String, Vec<std::path::PathBuf>> =
+        std::collections::BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(src).expect("under src");
+        let first = relative
+            .components()
+            .next()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let module = first.trim_end_matches(".rs").to_owned();
+        if matches!(module.as_str(), "lib" | "main" | "bin") {
+            continue;
+        }
+        modules.entry(module).or_default().push(file);
+    }
+    let names: std::collections::BTreeSet<String> = modules.keys().cloned().collect();
+    modules
+        .into_iter()
+        .map(|(module, files)| {
+            let mut uses = std::collections::BTreeSet::new();
+            for file in files {
+                let text = std::fs::read_to_string(&file).expect("read source");
+                for name in crate_references(&text) {
+                    if name != module && names.contains(&name) {
+                        uses.insert(name);
+                    }
+                }
+            }
+            (module, uses)
+        })
+        .collect()
+}
+
+/// The modules of `graph` on a cycle, grouped by cycle (strongly connected sets of two or more).
+fn module_cycles(
+    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Vec<Vec<String>> {
+    let reachable = |from: &str| -> std::collections::BTreeSet<String> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut stack = vec![from.to_owned()];
+        while let Some(module) = stack.pop() {
+            for next in graph.get(&module).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reach: std::collections::BTreeMap<&String, std::collections::BTreeSet<String>> =
+        graph.keys().map(|m| (m, reachable(m))).collect();
+    let mut cycles: Vec<Vec<String>> = Vec::new();
+    for module in graph.keys() {
+        if !reach[module].contains(module) || cycles.iter().any(|c| c.contains(module)) {
+            continue;
+        }
+        let cycle: Vec<String> = graph
+            .keys()
+            .filter(|other| reach[module].contains(*other) && reach[*other].contains(module))
+            .cloned()
+            .collect();
+        cycles.push(cycle);
+    }
+    cycles
+}
+
+#[test]
+fn no_module_import_cycles_within_a_crate() {
+    let root = workspace_root();
+    let mut crates: Vec<String> = std::fs::read_dir(root.join("crates"))
+        .expect("read crates")
+        .map(|entry| {
+            format!(
+                "crates/{}",
+                entry.expect("entry").file_name().to_string_lossy()
+            )
+        })
+        .collect();
+    crates.extend(["loadgen", "tests", "bench"].map(str::to_owned));
+    crates.sort();
+    let mut unexpected = Vec::new();
+    let mut found_known = Vec::new();
+    let mut modules_seen = 0;
+    for krate in &crates {
+        let src = root.join(krate).join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let graph = module_graph(&src);
+        modules_seen += graph.len();
+        for cycle in module_cycles(&graph) {
+            let known = KNOWN_MODULE_CYCLES
+                .iter()
+                .any(|(name, modules)| name == krate && *modules == cycle.as_slice());
+            if known {
+                found_known.push((krate.clone(), cycle));
+            } else {
+                unexpected.push(format!("{krate}: {}", cycle.join(" <-> ")));
+            }
+        }
+    }
+    assert!(modules_seen > 50, "scanned only {modules_seen} modules");
+    assert!(
+        unexpected.is_empty(),
+        "module import cycles (a module must not reach itself through `crate::` paths):\n{}",
+        unexpected.join("\n")
+    );
+    for (name, modules) in KNOWN_MODULE_CYCLES {
+        assert!(
+            found_known
+                .iter()
+                .any(|(krate, cycle)| krate == name && cycle.as_slice() == *modules),
+            "{name}: the cycle {modules:?} is gone; remove it from KNOWN_MODULE_CYCLES"
+        );
+    }
+}
+
+#[test]
+fn the_cycle_finder_sees_a_cycle_and_ignores_comments_and_unit_tests() {
+    let refs = crate_references(
+        "use crate::{a, b::{c, d}, e::f};\nfn x() { crate::g::h(); }\n// crate::comment\n\
+         #[cfg(test)]\nmod tests { use crate::t; }",
+    );
+    let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
+    assert_eq!(refs, ["a", "b", "e", "g"]);
+    let graph = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]
+        .into_iter()
+        .map(|(from, to)| (from.to_owned(), [to.to_owned()].into_iter().collect()))
+        .collect();
+    assert_eq!(module_cycles(&graph), vec![vec!["a", "b", "c"]]);
+}

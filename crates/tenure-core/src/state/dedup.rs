@@ -47,8 +47,8 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::command::{LeaseOp, LeaseReply};
 use crate::error::{LeaseError, OverloadReason};
-use crate::ids::{validate_request_id, validate_resource_id, validate_tenant_id};
 use crate::limits::GroupLimits;
+use crate::validate::{validate_request_id, validate_resource_id, validate_tenant_id};
 
 pub(crate) type HashBuilder = foldhash::fast::FixedState;
 

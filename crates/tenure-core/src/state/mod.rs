@@ -35,11 +35,10 @@ use crate::command::{
     ReleaseRequest, RenewRequest, ReplayState, ReplayStatus,
 };
 use crate::error::{LeaseError, QuotaKind};
-use crate::ids::{
-    GroupId, LeaseId, ResourceKey, validate_holder_id, validate_request_id, validate_tenant_id,
-};
+use crate::ids::{GroupId, LeaseId, ResourceKey};
 use crate::limits::{GroupLimits, TenantPolicy};
 use crate::negative::NegativeControl;
+use crate::validate::{validate_holder_id, validate_request_id, validate_tenant_id};
 use dedup::{DedupRecord, DedupTable, HashBuilder, Lookup};
 use slab::Slab;
 

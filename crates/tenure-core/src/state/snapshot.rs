@@ -29,8 +29,9 @@ use xxhash_rust::xxh3::Xxh3Default;
 
 use super::dedup::DedupRecord;
 use super::{LeaseRecord, LeaseStateMachine, RecordStatus, StateOptions, TenantState};
-use crate::ids::{GroupId, validate_holder_id, validate_resource_id, validate_tenant_id};
+use crate::ids::GroupId;
 use crate::limits::GroupLimits;
+use crate::validate::{validate_holder_id, validate_resource_id, validate_tenant_id};
 
 /// The snapshot format this build writes and reads. Version 2 (issue 19): request-id records
 /// carry their full identity instead of a hash of it.

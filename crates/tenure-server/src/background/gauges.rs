@@ -1,0 +1,86 @@
+//! The metrics gauges: once a second, readiness, leadership, leases, lag, storage and transport
+//! counters are copied into the metrics registry.
+//!
+//! Must not depend on: the request path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::metrics as m;
+use crate::shared::NodeShared;
+
+/// The notAfter (Unix seconds) of the node certificate in `path`, if it can be read.
+fn certificate_expiry_unix_s(path: &std::path::Path) -> Option<i64> {
+    let pem = std::fs::read(path).ok()?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
+    let certificate = pem.parse_x509().ok()?;
+    Some(certificate.validity().not_after.timestamp())
+}
+
+/// Refreshes the gauges once a second until the node stops.
+pub(crate) async fn run_gauges(shared: Arc<NodeShared>) {
+    m::register_all();
+    let certificate_expiry = certificate_expiry_unix_s(&shared.config.tls.node_cert);
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        ticker.tick().await;
+        let mut led = 0u64;
+        let mut active = 0u64;
+        let mut lag = 0u64;
+        let mut hosted = 0u64;
+        let mut overdue_ms = 0u64;
+        for handle in shared.hosted() {
+            hosted += 1;
+            lag += handle.apply_lag_entries();
+            if handle.is_ready_leader() {
+                led += 1;
+                active += handle.active_leases();
+                overdue_ms = overdue_ms.max(handle.expiry_overdue_ms().unwrap_or(0));
+            }
+        }
+        let readiness = shared.readiness();
+        ::metrics::gauge!(m::NODE_READY).set(if readiness.ready { 1.0 } else { 0.0 });
+        ::metrics::gauge!(m::GROUPS_WITHOUT_LEADER)
+            .set(f64::from(readiness.groups - readiness.groups_with_leader));
+        ::metrics::gauge!(m::EXPIRY_OVERDUE_SECONDS).set(overdue_ms as f64 / 1_000.0);
+        if let Some(expiry) = certificate_expiry {
+            ::metrics::gauge!(m::CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS).set(expiry as f64);
+        }
+        if let Ok(stats) = rustix::fs::statvfs(shared.storage.data_dir()) {
+            let block = stats.f_frsize as f64;
+            ::metrics::gauge!(m::DATA_DIR_AVAILABLE_BYTES).set(stats.f_bavail as f64 * block);
+            ::metrics::gauge!(m::DATA_DIR_TOTAL_BYTES).set(stats.f_blocks as f64 * block);
+        }
+        ::metrics::gauge!(m::GROUPS_LED).set(led as f64);
+        ::metrics::gauge!(m::GROUPS_HOSTED).set(hosted as f64);
+        ::metrics::gauge!(m::ACTIVE_LEASES).set(active as f64);
+        ::metrics::gauge!(m::APPLY_LAG_ENTRIES).set(lag as f64);
+        ::metrics::gauge!(m::REQUESTS_INFLIGHT).set(f64::from(shared.admission.inflight()));
+        let pressured = shared
+            .renewal_pressure
+            .tenants_under_pressure(shared.clock.now_ms());
+        ::metrics::gauge!(m::RENEWAL_PRESSURE_TENANTS).set(pressured as f64);
+        let storage = shared.storage.stats();
+        ::metrics::counter!(m::FSYNCS_TOTAL).absolute(storage.fsyncs);
+        ::metrics::gauge!(m::FSYNC_SECONDS_TOTAL).set(storage.fsync_micros as f64 / 1e6);
+        if storage.fsyncs > 0 {
+            ::metrics::gauge!(m::ENTRIES_PER_FSYNC)
+                .set(storage.entries_appended as f64 / storage.fsyncs as f64);
+        }
+        let transport = shared.transport.stats();
+        ::metrics::counter!(m::TRANSPORT_FRAMES_TOTAL).absolute(transport.frames_sent);
+        ::metrics::counter!(m::TRANSPORT_MESSAGES_TOTAL).absolute(transport.messages_sent);
+        ::metrics::counter!(m::TRANSPORT_APPEND_REQUESTS_TOTAL)
+            .absolute(transport.append_requests_sent);
+        ::metrics::counter!(m::TRANSPORT_APPEND_ENTRIES_TOTAL)
+            .absolute(transport.append_entries_sent);
+        ::metrics::counter!(m::TRANSPORT_APPEND_REQUESTS_WITHOUT_ENTRIES_TOTAL)
+            .absolute(transport.append_requests_without_entries_sent);
+        ::metrics::counter!(m::TRANSPORT_APPEND_COMMITS_CARRIED_TOTAL)
+            .absolute(transport.append_requests_carried);
+        if transport.frames_sent > 0 {
+            ::metrics::gauge!(m::TRANSPORT_MESSAGES_PER_FRAME)
+                .set(transport.messages_sent as f64 / transport.frames_sent as f64);
+        }
+    }
+}

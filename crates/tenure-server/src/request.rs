@@ -1,0 +1,465 @@
+//! The request path: one client request end to end, shared by the QUIC client protocol and the
+//! HTTP gateway so both behave identically. The caller has authenticated the connection (QUIC)
+//! or the request (HTTP) and decoded it; here, in order: the tenant check (a principal touches
+//! only its own tenant), validation, admission (in-flight bounds, renewal pressure), routing to
+//! the key's group, then either the local proposal or read (this node leads the group) or
+//! forwarding to the leader (or `NOT_LEADER` with the leader's address), and the answer with its
+//! metrics.
+//!
+//! Must not depend on: the wire (QUIC streams, HTTP); callers decode and encode. Nor on the
+//! node's start-up or background tasks (`node`, `background`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure_core::{ErrorCode, LeaseOp, LeaseOutcome, LeaseStatus, LeaseView};
+use tenure_proto::client::{
+    GetResult, GroupLeader, LeaseResult, NodeAddress, NodeStatus, Principal, RequestBody,
+    RequestFlags, ResponseBody, RoutingTable, WireError,
+};
+use tokio::time::Instant;
+
+use crate::admission::{RenewalTiming, RequestClass};
+use crate::auth::{Authenticator, check_tenant};
+use crate::group::GroupHandle;
+use crate::metrics as m;
+use crate::shared::{NodeShared, Readiness};
+
+/// Who asks, and how.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    /// The authenticated principal (or, in insecure development mode, the claimed one).
+    pub principal: Principal,
+    /// Forwarding and stale-read options.
+    pub flags: RequestFlags,
+    /// How long the caller waits.
+    pub timeout: Duration,
+}
+
+/// The request handler of one node. Cheap to clone.
+#[derive(Clone)]
+pub struct Service {
+    pub(crate) inner: Arc<NodeShared>,
+}
+
+impl Service {
+    /// Handles one request.
+    pub async fn handle(
+        &self,
+        ctx: RequestContext,
+        body: RequestBody,
+    ) -> Result<ResponseBody, WireError> {
+        self.inner.handle(ctx, body).await
+    }
+
+    /// The token table and the insecure-mode switch.
+    pub fn authenticator(&self) -> &Authenticator {
+        &self.inner.auth
+    }
+
+    /// Readiness.
+    pub fn readiness(&self) -> Readiness {
+        self.inner.readiness()
+    }
+
+    /// The Prometheus text exposition of this process's metrics.
+    pub fn render_metrics(&self) -> String {
+        self.inner.render_metrics()
+    }
+
+    /// The default request timeout.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.inner.config.limits.request_timeout_ms)
+    }
+
+    /// The largest HTTP body accepted.
+    pub fn http_body_bytes_max(&self) -> usize {
+        self.inner.config.limits.http_body_bytes_max
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> u64 {
+        self.inner.config.node_id
+    }
+
+    /// The node's fault knobs, when `[testing] fault_control` is on.
+    pub fn fault_controls(&self) -> Option<Arc<crate::fault_control::FaultControls>> {
+        self.inner.fault_controls()
+    }
+}
+
+/// `INVALID_ARGUMENT` with a message.
+pub fn invalid(message: impl Into<String>) -> WireError {
+    WireError::new(ErrorCode::InvalidArgument, message)
+}
+
+/// A read's status comes from the log (see [`GroupHandle::linearizable_read_time`]); its
+/// remaining ttl from the leader's clock, which is fresher between entries: never more than the
+/// log's, zero for a lease the clock says is due but no Expire entry has reclaimed yet.
+fn clock_remaining_ttl(view: &mut LeaseView, clock_ms: u64) {
+    view.remaining_ttl_ms = view
+        .remaining_ttl_ms
+        .min(view.expires_at_ms.saturating_sub(clock_ms));
+}
+
+fn error_code_label(error: &WireError) -> &'static str {
+    error.code.as_str()
+}
+
+impl NodeShared {
+    fn node_address(&self, node_id: u64) -> Option<NodeAddress> {
+        self.config.peers.get(&node_id).map(|peer| NodeAddress {
+            node_id,
+            client_addr: peer.addr.to_string(),
+            http_url: format!("http://{}", peer.http_addr),
+        })
+    }
+
+    fn routing_table(&self) -> RoutingTable {
+        RoutingTable {
+            placement_version: self.placement.version(),
+            slot_groups: self.placement.slot_groups().iter().map(|g| g.0).collect(),
+            groups: self.config.groups,
+            nodes: self
+                .node_ids
+                .iter()
+                .filter_map(|&id| self.node_address(id))
+                .collect(),
+            leaders: (0..self.config.groups)
+                .map(|group| {
+                    let view = self.leader_of(group);
+                    GroupLeader {
+                        group_id: group,
+                        leader: view.leader,
+                        term: view.term,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn node_status(&self) -> NodeStatus {
+        let readiness = self.readiness();
+        NodeStatus {
+            node_id: self.config.node_id,
+            ready: readiness.ready,
+            shutting_down: readiness.shutting_down,
+            placement_version: self.placement.version(),
+            groups: self.config.groups,
+            hosted: (0..self.config.groups)
+                .filter_map(|group| self.group(group).map(|handle| handle.status()))
+                .collect(),
+        }
+    }
+
+    /// Fills routing errors with the leader's addresses and the placement version.
+    fn decorate(&self, mut error: WireError) -> WireError {
+        error.placement_version = self.placement.version();
+        if let Some(hint) = error.leader_hint.take() {
+            error.leader_hint = self.node_address(hint.node_id);
+        }
+        error
+    }
+
+    fn not_leader(&self, group: u32) -> WireError {
+        let view = self.leader_of(group);
+        let mut error = WireError::new(
+            ErrorCode::NotLeader,
+            match view.leader {
+                Some(leader) => format!("group {group} is led by node {leader}"),
+                None => format!("group {group} has no known leader"),
+            },
+        );
+        error.leader_hint = view.leader.and_then(|leader| self.node_address(leader));
+        error
+    }
+
+    pub(crate) async fn handle(
+        self: &Arc<Self>,
+        ctx: RequestContext,
+        body: RequestBody,
+    ) -> Result<ResponseBody, WireError> {
+        let op = body.op_name();
+        let started = Instant::now();
+        let result = self.handle_inner(ctx, body).await;
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(error) => error_code_label(error),
+        };
+        ::metrics::counter!(m::REQUESTS_TOTAL, "op" => op, "result" => label).increment(1);
+        ::metrics::histogram!(m::REQUEST_DURATION_SECONDS, "op" => op)
+            .record(started.elapsed().as_secs_f64());
+        result.map_err(|error| self.decorate(error))
+    }
+
+    async fn handle_inner(
+        self: &Arc<Self>,
+        ctx: RequestContext,
+        body: RequestBody,
+    ) -> Result<ResponseBody, WireError> {
+        match body {
+            RequestBody::Authenticate { .. } => Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                "Authenticate is a connection-level request of the QUIC protocol",
+            )),
+            RequestBody::Routing => Ok(ResponseBody::Routing(self.routing_table())),
+            RequestBody::Status => Ok(ResponseBody::Status(self.node_status())),
+            RequestBody::Acquire(request) => {
+                self.lease_ops(ctx, vec![LeaseOp::Acquire(request)], false)
+                    .await
+            }
+            RequestBody::Renew(request) => {
+                ::metrics::histogram!(m::RENEWALS_PER_REQUEST).record(1.0);
+                self.lease_ops(ctx, vec![LeaseOp::Renew(request)], false)
+                    .await
+            }
+            RequestBody::Release(request) => {
+                self.lease_ops(ctx, vec![LeaseOp::Release(request)], false)
+                    .await
+            }
+            RequestBody::Batch { ops } => {
+                if ops.is_empty() {
+                    return Err(invalid("a batch needs at least one operation"));
+                }
+                if ops.len() > tenure_proto::client::BATCH_OPS_MAX {
+                    return Err(invalid(format!(
+                        "a batch may carry at most {} operations",
+                        tenure_proto::client::BATCH_OPS_MAX
+                    )));
+                }
+                let renewals = ops
+                    .iter()
+                    .filter(|op| matches!(op, LeaseOp::Renew(_)))
+                    .count();
+                if renewals > 0 {
+                    ::metrics::histogram!(m::RENEWALS_PER_REQUEST).record(renewals as f64);
+                }
+                self.lease_ops(ctx, ops, true).await
+            }
+            RequestBody::Get { key } => {
+                check_tenant(&ctx.principal, &key.tenant_id)?;
+                key.validate().map_err(WireError::from_lease_error)?;
+                let _admitted = self.admission.admit(&key.tenant_id, RequestClass::Other)?;
+                let group = self.placement.group_of(&key.tenant_id, &key.resource_id).0;
+                if let Some(handle) = self.group(group) {
+                    if handle.is_ready_leader() {
+                        let now = handle.linearizable_read_time(ctx.timeout).await?;
+                        let mut view = handle.get_at(&key, now)?;
+                        if let (Some(view), Some(clock_ms)) = (view.as_mut(), handle.log_now_ms()) {
+                            clock_remaining_ttl(view, clock_ms);
+                        }
+                        return Ok(ResponseBody::Get(GetResult {
+                            view,
+                            log_time_ms: now,
+                            stale: false,
+                            group_id: group,
+                        }));
+                    }
+                    if ctx.flags.stale_read {
+                        let now = handle.applied_log_time_ms();
+                        return Ok(ResponseBody::Get(GetResult {
+                            view: handle.get_at(&key, now)?,
+                            log_time_ms: now,
+                            stale: true,
+                            group_id: group,
+                        }));
+                    }
+                }
+                self.forward_or_refuse(group, &ctx, RequestBody::Get { key })
+                    .await
+            }
+            RequestBody::List { group_id, request } => {
+                check_tenant(&ctx.principal, &request.tenant_id)?;
+                if group_id >= self.config.groups {
+                    return Err(invalid(format!(
+                        "group {group_id} does not exist (the cluster has {})",
+                        self.config.groups
+                    )));
+                }
+                let _admitted = self
+                    .admission
+                    .admit(&request.tenant_id, RequestClass::Other)?;
+                if let Some(handle) = self.group(group_id) {
+                    if handle.is_ready_leader() {
+                        let now = handle.linearizable_read_time(ctx.timeout).await?;
+                        let mut page = handle.list_at(&request, now)?;
+                        if let Some(clock_ms) = handle.log_now_ms() {
+                            for view in &mut page.leases {
+                                clock_remaining_ttl(view, clock_ms);
+                            }
+                        }
+                        return Ok(ResponseBody::List(page));
+                    }
+                    if ctx.flags.stale_read {
+                        let now = handle.applied_log_time_ms();
+                        return Ok(ResponseBody::List(handle.list_at(&request, now)?));
+                    }
+                }
+                self.forward_or_refuse(group_id, &ctx, RequestBody::List { group_id, request })
+                    .await
+            }
+        }
+    }
+
+    async fn forward_or_refuse(
+        &self,
+        group: u32,
+        ctx: &RequestContext,
+        body: RequestBody,
+    ) -> Result<ResponseBody, WireError> {
+        let view = self.leader_of(group);
+        match view.leader {
+            Some(leader) if ctx.flags.forward && leader != self.config.node_id => {
+                ::metrics::counter!(m::REQUESTS_FORWARDED_TOTAL, "op" => body.op_name())
+                    .increment(1);
+                self.forwarder
+                    .forward(leader, &ctx.principal, ctx.flags, body, ctx.timeout)
+                    .await
+            }
+            Some(_) | None => Err(self.not_leader(group)),
+        }
+    }
+
+    async fn lease_ops(
+        self: &Arc<Self>,
+        ctx: RequestContext,
+        ops: Vec<LeaseOp>,
+        batch: bool,
+    ) -> Result<ResponseBody, WireError> {
+        let mut group: Option<u32> = None;
+        let mut acquire = false;
+        for op in &ops {
+            let key = op.key();
+            check_tenant(&ctx.principal, &key.tenant_id)?;
+            key.validate().map_err(WireError::from_lease_error)?;
+            acquire |= matches!(op, LeaseOp::Acquire(_));
+            let op_group = self.placement.group_of(&key.tenant_id, &key.resource_id).0;
+            match group {
+                None => group = Some(op_group),
+                Some(g) if g == op_group => {}
+                Some(g) => {
+                    return Err(invalid(format!(
+                        "a batch must stay in one group: {}/{} maps to group {op_group}, earlier items to group {g}",
+                        key.tenant_id, key.resource_id
+                    )));
+                }
+            }
+        }
+        let Some(group) = group else {
+            return Err(invalid("no operation"));
+        };
+        let tenant = ctx.principal.tenant_id.clone();
+        let class = if acquire {
+            RequestClass::Acquire
+        } else {
+            RequestClass::Other
+        };
+        let _admitted = self.admission.admit(&tenant, class)?;
+        let mut ops = ops;
+        if let Some(handle) = self.group(group) {
+            if handle.is_ready_leader() {
+                self.weigh_renewal_pressure(handle, &tenant, &ops, class)?;
+                // The proposal consumes the operations; keep a copy only when a lost leadership
+                // may still be answered by forwarding them.
+                let fallback = ctx.flags.forward.then(|| ops.clone());
+                match handle.propose(ops, ctx.timeout).await {
+                    Ok(outcomes) => return lease_body(group, outcomes, batch),
+                    Err(error) if error.code == ErrorCode::NotLeader => match fallback {
+                        Some(copy) => ops = copy,
+                        None => return Err(error),
+                    },
+                    Err(error) => return Err(error),
+                }
+            }
+        }
+        let body = if batch {
+            RequestBody::Batch { ops }
+        } else {
+            match ops.into_iter().next() {
+                Some(LeaseOp::Acquire(r)) => RequestBody::Acquire(r),
+                Some(LeaseOp::Renew(r)) => RequestBody::Renew(r),
+                Some(LeaseOp::Release(r)) => RequestBody::Release(r),
+                None => return Err(invalid("no operation")),
+            }
+        };
+        self.forward_or_refuse(group, &ctx, body).await
+    }
+
+    /// As the group's leader: refuses a new acquire of a tenant whose renewals arrive late, and
+    /// samples how late the request's first renewal arrives (a client library's batch starts
+    /// with its most urgent lease). See [`RenewalPressure`].
+    fn weigh_renewal_pressure(
+        &self,
+        handle: &GroupHandle,
+        tenant: &str,
+        ops: &[LeaseOp],
+        class: RequestClass,
+    ) -> Result<(), WireError> {
+        let pressure = &self.renewal_pressure;
+        if !pressure.enabled() {
+            return Ok(());
+        }
+        let now_ms = self.clock.now_ms();
+        if class == RequestClass::Acquire {
+            if let Err(refused) = pressure.admit_acquire(tenant, now_ms) {
+                ::metrics::counter!(m::ACQUIRES_REFUSED_RENEWAL_PRESSURE_TOTAL).increment(1);
+                return Err(refused);
+            }
+        }
+        let first_renewal = ops.iter().find_map(|op| match op {
+            LeaseOp::Renew(renew) => Some(renew),
+            _ => None,
+        });
+        let (Some(renew), Some(log_now_ms)) = (first_renewal, handle.log_now_ms()) else {
+            return Ok(());
+        };
+        // Never waits for the state: while apply or a snapshot holds it, no sample.
+        let Some(Ok(Some(view))) = handle.try_get_at(&renew.key, log_now_ms) else {
+            return Ok(());
+        };
+        // Only a renewal of the active lease by its holder counts: one of an ended lease, or of
+        // someone else's, is refused by the state machine and says nothing about timeliness.
+        if view.lease_id != renew.lease_id
+            || view.holder_id != renew.holder_id
+            || view.status != LeaseStatus::Active
+        {
+            return Ok(());
+        }
+        let timing = pressure.timing(view.remaining_ttl_ms, view.ttl_ms);
+        ::metrics::counter!(m::RENEWALS_SAMPLED_TOTAL).increment(1);
+        if timing == RenewalTiming::Late {
+            ::metrics::counter!(m::RENEWALS_LATE_TOTAL).increment(1);
+        }
+        pressure.record(&renew.key.tenant_id, now_ms, timing);
+        Ok(())
+    }
+}
+
+fn lease_body(
+    group: u32,
+    outcomes: Vec<LeaseOutcome>,
+    batch: bool,
+) -> Result<ResponseBody, WireError> {
+    let mut results: Vec<Result<LeaseResult, WireError>> = outcomes
+        .into_iter()
+        .map(|outcome| match outcome.result {
+            Ok(reply) => Ok(LeaseResult {
+                reply,
+                replayed: outcome.replayed,
+                group_id: group,
+                replay: outcome.replay,
+            }),
+            Err(error) => Err(WireError::from_lease_error(error)),
+        })
+        .collect();
+    if batch {
+        return Ok(ResponseBody::Batch(results));
+    }
+    match (results.pop(), results.is_empty()) {
+        (Some(result), true) => result.map(ResponseBody::Lease),
+        _ => Err(WireError::new(
+            ErrorCode::Internal,
+            "one operation produced a number of outcomes other than one",
+        )),
+    }
+}
