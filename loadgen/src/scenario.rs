@@ -877,36 +877,7 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
     let rss_before = process_rss_bytes();
     let acquire_deadline = Instant::now() + config.acquire_phase_max;
     let library = target.library_renewals().is_some();
-    // The client library's leases at risk (renewal overdue), sampled every 100 ms for the
-    // whole run: the most at once, and when the first was seen.
-    let at_risk_total_before = target
-        .library_stats()
-        .map_or(0, |stats| stats.leases_at_risk_total);
-    let at_risk_max = Arc::new(AtomicU64::new(0));
-    let first_at_risk_s = Arc::new(Mutex::new(None::<f64>));
-    let sampler_stop = Arc::new(AtomicBool::new(false));
-    // Aborted when the run returns early with an error.
-    let mut sampler = AbortOnDrop(tokio::spawn({
-        let target = target.clone();
-        let at_risk_max = at_risk_max.clone();
-        let first_at_risk_s = first_at_risk_s.clone();
-        let stop = sampler_stop.clone();
-        let started = Instant::now();
-        async move {
-            while !stop.load(Ordering::Acquire) {
-                if let Some(now) = target.library_stats().map(|stats| stats.leases_at_risk) {
-                    at_risk_max.fetch_max(now, Ordering::Relaxed);
-                    if now > 0 {
-                        let mut first = first_at_risk_s
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner);
-                        first.get_or_insert(started.elapsed().as_secs_f64());
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }));
+    let at_risk_sampler = AtRiskSampler::start(&target);
     // Progress of the acquire phase (acquires, and for manual targets their renewals).
     let phase_reporter = Reporter::start(
         phase_recorder.clone(),
@@ -945,42 +916,17 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
             }
         }
     } else {
-        let shared = Arc::new(ManualHold {
-            target: target.clone(),
-            ttl: config.ttl,
-            renew_every: config.ttl / 3,
-            count: config.leases,
-            deadline: acquire_deadline,
-            tag,
-            next: AtomicU64::new(0),
-            attempted: AtomicU64::new(0),
-            all_attempted: tokio::sync::Notify::new(),
-            steady_from: std::sync::OnceLock::new(),
-            stop: AtomicBool::new(false),
-            phase_recorder: phase_recorder.clone(),
-            recorder: recorder.clone(),
-            lost: AtomicU64::new(0),
-            steady_renewals: AtomicU64::new(0),
-        });
-        for worker in 0..config.workers {
-            manual_tasks.spawn(shared.clone().worker(worker));
-        }
-        let all_attempted = async {
-            while shared.attempted.load(Ordering::Acquire) < config.leases {
-                shared.all_attempted.notified().await;
-            }
-        };
-        let _ = tokio::time::timeout_at(acquire_deadline.into(), all_attempted).await;
-        // Acquires still in flight at the deadline finish (each is bounded by the target's
-        // timeout) before the phase is counted.
-        let settle_by = Instant::now() + crate::target::OP_TIMEOUT + Duration::from_secs(2);
-        while shared.attempted.load(Ordering::Acquire)
-            < shared.next.load(Ordering::Acquire).min(config.leases)
-            && Instant::now() < settle_by
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        manual = Some(shared);
+        manual = Some(
+            ManualHold::acquire_all(
+                &target,
+                config,
+                acquire_deadline,
+                &phase_recorder,
+                &recorder,
+                &mut manual_tasks,
+            )
+            .await,
+        );
     }
     let phase_s = phase_started.elapsed().as_secs_f64();
     let _ = phase_reporter.finish(Instant::now()).await?;
@@ -1065,17 +1011,7 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
             }
             _ => (0, 0, 0, 0),
         };
-    sampler_stop.store(true, Ordering::Release);
-    let _ = (&mut sampler.0).await;
-    let at_risk = target.library_stats().map(|stats| {
-        let (now, total) = (stats.leases_at_risk, stats.leases_at_risk_total);
-        json!({
-            "at_end": now,
-            "most_at_once": at_risk_max.load(Ordering::Relaxed),
-            "times_a_lease_became_at_risk": total.saturating_sub(at_risk_total_before),
-            "first_seen_s_into_run": *first_at_risk_s.lock().unwrap_or_else(PoisonError::into_inner),
-        })
-    });
+    let at_risk = at_risk_sampler.finish(&target).await;
     // Stop renewing without a flood of releases: the leases end by expiry.
     for lease in tenure_leases {
         let _ = lease.detach();
@@ -1113,6 +1049,125 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
         ops_total: renewals,
         details,
     })
+}
+
+/// The client library's leases at risk (renewal overdue), sampled every 100 ms for a whole hold
+/// run: the most at once, and when the first was seen. The task is aborted if the run returns
+/// early with an error.
+struct AtRiskSampler {
+    total_before: u64,
+    most_at_once: Arc<AtomicU64>,
+    first_seen_s: Arc<Mutex<Option<f64>>>,
+    stop: Arc<AtomicBool>,
+    task: AbortOnDrop,
+}
+
+impl AtRiskSampler {
+    fn start(target: &Arc<Target>) -> Self {
+        let total_before = target
+            .library_stats()
+            .map_or(0, |stats| stats.leases_at_risk_total);
+        let most_at_once = Arc::new(AtomicU64::new(0));
+        let first_seen_s = Arc::new(Mutex::new(None::<f64>));
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = AbortOnDrop(tokio::spawn({
+            let target = target.clone();
+            let most_at_once = most_at_once.clone();
+            let first_seen_s = first_seen_s.clone();
+            let stop = stop.clone();
+            let started = Instant::now();
+            async move {
+                while !stop.load(Ordering::Acquire) {
+                    if let Some(now) = target.library_stats().map(|stats| stats.leases_at_risk) {
+                        most_at_once.fetch_max(now, Ordering::Relaxed);
+                        if now > 0 {
+                            let mut first =
+                                first_seen_s.lock().unwrap_or_else(PoisonError::into_inner);
+                            first.get_or_insert(started.elapsed().as_secs_f64());
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }));
+        AtRiskSampler {
+            total_before,
+            most_at_once,
+            first_seen_s,
+            stop,
+            task,
+        }
+    }
+
+    /// Stops sampling; the figures as JSON (`None` when the target is not the client library).
+    async fn finish(mut self, target: &Arc<Target>) -> Option<Value> {
+        self.stop.store(true, Ordering::Release);
+        let _ = (&mut self.task.0).await;
+        let first_seen_s = *self
+            .first_seen_s
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        target.library_stats().map(|stats| {
+            let (now, total) = (stats.leases_at_risk, stats.leases_at_risk_total);
+            json!({
+                "at_end": now,
+                "most_at_once": self.most_at_once.load(Ordering::Relaxed),
+                "times_a_lease_became_at_risk": total.saturating_sub(self.total_before),
+                "first_seen_s_into_run": first_seen_s,
+            })
+        })
+    }
+}
+
+impl ManualHold {
+    /// The acquire phase of a hold run whose target has no client library: `config.workers`
+    /// workers acquire (and keep renewing) the leases until all were attempted or the deadline;
+    /// acquires still in flight then finish (each bounded by the target's timeout).
+    async fn acquire_all(
+        target: &Arc<Target>,
+        config: &LoadConfig,
+        acquire_deadline: Instant,
+        phase_recorder: &Arc<Recorder>,
+        recorder: &Arc<Recorder>,
+        tasks: &mut tokio::task::JoinSet<(u64, u64)>,
+    ) -> Arc<ManualHold> {
+        let shared = Arc::new(ManualHold {
+            target: target.clone(),
+            ttl: config.ttl,
+            renew_every: config.ttl / 3,
+            count: config.leases,
+            deadline: acquire_deadline,
+            tag: config.run_tag,
+            next: AtomicU64::new(0),
+            attempted: AtomicU64::new(0),
+            all_attempted: tokio::sync::Notify::new(),
+            steady_from: std::sync::OnceLock::new(),
+            stop: AtomicBool::new(false),
+            phase_recorder: phase_recorder.clone(),
+            recorder: recorder.clone(),
+            lost: AtomicU64::new(0),
+            steady_renewals: AtomicU64::new(0),
+        });
+        for worker in 0..config.workers {
+            tasks.spawn(shared.clone().worker(worker));
+        }
+        let all_attempted = async {
+            while shared.attempted.load(Ordering::Acquire) < config.leases {
+                shared.all_attempted.notified().await;
+            }
+        };
+        let _ = tokio::time::timeout_at(acquire_deadline.into(), all_attempted).await;
+        // Acquires still in flight at the deadline finish (each is bounded by the target's
+        // timeout) before the phase is counted.
+        let settle_by = Instant::now() + crate::target::OP_TIMEOUT + Duration::from_secs(2);
+        while shared.attempted.load(Ordering::Acquire)
+            < shared.next.load(Ordering::Acquire).min(config.leases)
+            && Instant::now() < settle_by
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        shared
+    }
 }
 
 async fn run_expiry(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome, ScenarioError> {
