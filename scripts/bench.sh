@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
-cargo build --release --locked --workspace --all-features --bins
+./scripts/build.sh release
 bin="${CARGO_TARGET_DIR:-target}/release"
 "$bin/lease_memory"
 "$bin/transport_cluster" "$@"
