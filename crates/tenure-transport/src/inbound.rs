@@ -33,11 +33,11 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::registry::GroupRaft;
-use crate::stats::add;
-use crate::transport::{
+use crate::link::{
     CONTROL_FRAME_BYTES_MAX, FrameReadError, Outbound, PeerLink, Shared, read_frame, write_frame,
 };
+use crate::registry::GroupRaft;
+use crate::stats::add;
 
 /// Payload of a `StreamAppendRequest`: the stream id and one request.
 pub(crate) type StreamAppendPayload = (u64, AppendEntriesRequest<TenureRaft>);
@@ -137,7 +137,7 @@ fn dispatch(
     if message.kind.is_response() {
         match link.pending.remove(&message.correlation_id) {
             Some((_, waiter)) => {
-                let _ = waiter.send(crate::transport::Reply {
+                let _ = waiter.send(crate::link::Reply {
                     kind: message.kind,
                     payload: message.payload,
                 });

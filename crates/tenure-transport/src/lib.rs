@@ -33,6 +33,7 @@ pub mod error;
 pub mod fault;
 mod heartbeat;
 mod inbound;
+mod link;
 mod network;
 mod registry;
 pub mod stats;
@@ -45,10 +46,8 @@ pub use config::{ClientQuicLimits, FRAME_BYTES_MAX_DEFAULT, GroupTiming, Transpo
 pub use error::TransportError;
 pub use fault::{FaultInjector, LinkFaults, Verdict};
 pub use heartbeat::spawn_heartbeat_driver;
+pub use link::{CLOSE_DUPLICATE, CLOSE_PROTOCOL_ERROR, CLOSE_REFUSED, CLOSE_SHUTDOWN};
 pub use network::{GroupNetworkFactory, PeerRaftClient};
 pub use registry::{ClientAcceptor, GroupRaft, GroupRegistry, GroupTable};
 pub use stats::{TransportStats, TransportStatsSnapshot};
-pub use transport::{
-    CLOSE_DUPLICATE, CLOSE_PROTOCOL_ERROR, CLOSE_REFUSED, CLOSE_SHUTDOWN, Transport, bind_endpoint,
-    grant_peer_limits,
-};
+pub use transport::{Transport, bind_endpoint, grant_peer_limits};

@@ -54,11 +54,12 @@ use crate::error::TransportError;
 use crate::inbound::{
     SnapshotOffer, SnapshotReplyPayload, StreamAppendPayload, StreamAppendReplyPayload,
 };
-use crate::stats::add;
-use crate::transport::{
-    CONTROL_FRAME_BYTES_MAX, FrameReadError, Outbound, PendingReply, Reply, Shared, Transport,
-    read_frame, write_frame,
+use crate::link::{
+    CONTROL_FRAME_BYTES_MAX, FrameReadError, Outbound, PendingReply, Reply, Shared, read_frame,
+    write_frame,
 };
+use crate::stats::add;
+use crate::transport::Transport;
 
 /// Creates openraft network clients for one group on this node.
 #[derive(Debug, Clone)]
@@ -569,7 +570,7 @@ impl Pipeline {
                     };
                     let peer = front.pending.peer();
                     let result = match answer {
-                        Ok(received) => crate::transport::answer(peer, received)
+                        Ok(received) => crate::link::answer(peer, received)
                             .and_then(|reply| {
                                 decode_reply::<StreamAppendResult<TenureRaft>>(
                                     peer,
