@@ -567,33 +567,8 @@ async fn run_in(
         "run: stopping clients"
     );
 
-    // Stop the clients; they resolve what is in flight.
-    for process in &mut clients {
-        process.ask_to_stop();
-    }
-    let stop_deadline = Instant::now() + Duration::from_secs(45);
-    let mut unfinished = Vec::new();
-    let mut stopping: Vec<ClientProcess> = std::mem::take(&mut clients);
-    let finished = tokio::task::spawn_blocking(move || {
-        for process in &mut stopping {
-            if !process.finish(stop_deadline) {
-                unfinished.push(process.number);
-            }
-        }
-        unfinished
-    })
-    .await
-    .map_err(|e| HarnessError::Client(format!("stopping clients: {e}")))?;
+    violations.extend(stop_clients(std::mem::take(&mut clients)).await?);
     tracing::info!(seed = config.seed, "run: clients stopped; final reads");
-    for number in finished {
-        violations.push(Violation {
-            property: Property::Liveness,
-            resource: None,
-            message: format!("client process {number} did not finish within 45s of being stopped"),
-            ops: Vec::new(),
-            writes: Vec::new(),
-        });
-    }
 
     // Read every resource once more.
     let mut ops: Vec<OpRecord> = {
@@ -605,42 +580,21 @@ async fn run_in(
         }
         recorded.ops.drain().map(|(_, op)| op).collect()
     };
-    // All at once, under one deadline: a cluster that lost a group must not stall the run.
-    let reads_deadline = Instant::now() + Duration::from_secs(20);
-    let mut reads = tokio::task::JoinSet::new();
-    for index in 0..config.resources {
-        let client = client.clone();
-        reads.spawn(async move {
-            let resource = format!("r{index}");
-            let group = client
-                .group_of(&ResourceKey::new(TENANT, resource.as_str()))
-                .await
-                .unwrap_or(u32::MAX);
-            let id = (1u64 << 60) + u64::from(index);
-            final_read(&client, &resource, group, id, reads_deadline).await
-        });
-    }
-    while let Some(read) = reads.join_next().await {
-        if let Ok(read) = read {
-            ops.push(read);
-        }
-    }
+    ops.extend(final_reads(&client, config.resources).await);
 
     tracing::info!(seed = config.seed, "run: checking the history");
     let mut cluster = shared.cluster.lock().await;
     cluster.check_exits();
-    for (node, status) in cluster.unexpected_exits() {
-        violations.push(Violation {
-            property: Property::NodeCrash,
-            resource: None,
-            message: format!(
-                "node {node} exited by itself ({status}); a broken invariant aborts a node: see \
-                 node-{node}.log"
-            ),
-            ops: Vec::new(),
-            writes: Vec::new(),
-        });
-    }
+    violations.extend(cluster.unexpected_exits().iter().map(|(node, status)| Violation {
+        property: Property::NodeCrash,
+        resource: None,
+        message: format!(
+            "node {node} exited by itself ({status}); a broken invariant aborts a node: see \
+             node-{node}.log"
+        ),
+        ops: Vec::new(),
+        writes: Vec::new(),
+    }));
     cluster.stop_all();
     client.close().await;
 
@@ -662,47 +616,11 @@ async fn run_in(
         healed_ns,
         bound_ns,
     ));
-    for ((group, term), nodes) in lock(&shared.claims).iter() {
-        if nodes.len() > 1 {
-            violations.push(Violation {
-                property: Property::ElectionSafety,
-                resource: None,
-                message: format!(
-                    "group {group} had two leaders in term {term}: nodes {nodes:?} (Raft election \
-                     safety)"
-                ),
-                ops: Vec::new(),
-                writes: Vec::new(),
-            });
-        }
-    }
+    violations.extend(two_leaders_in_a_term(&lock(&shared.claims)));
     if let Ok(text) = serde_json::to_string(&history) {
         let _ = std::fs::write(dir.join("history.json"), text);
     }
-    let mut op_counts = BTreeMap::new();
-    let mut ops_unknown = 0;
-    for op in &history.ops {
-        let outcome = match &op.outcome {
-            Outcome::Granted { .. } => "granted".to_string(),
-            Outcome::Released { .. } => "released".to_string(),
-            Outcome::Read { view: None, .. } => "absent".to_string(),
-            Outcome::Read { view: Some(v), .. } => v.status.to_lowercase(),
-            Outcome::Refused { code, .. } => code.to_lowercase(),
-            Outcome::Unknown { .. } => {
-                ops_unknown += 1;
-                "unknown".to_string()
-            }
-        };
-        let kind = format!("{:?}", op.kind).to_lowercase();
-        let replay = if op.replay_of.is_some() {
-            "-replay"
-        } else {
-            ""
-        };
-        *op_counts
-            .entry(format!("{kind}{replay}:{outcome}"))
-            .or_insert(0) += 1;
-    }
+    let (op_counts, ops_unknown) = op_counts(&history);
     let profile = format!(
         "{} {}",
         if config.combined { "combined" } else { "alone" },
@@ -740,6 +658,111 @@ async fn run_in(
         elapsed_s: started.elapsed().as_secs_f64(),
         origin_ns,
     })
+}
+
+/// Asks every client process to stop (each resolves what it has in flight) and waits up to 45 s:
+/// a liveness violation for each that did not finish.
+async fn stop_clients(mut clients: Vec<ClientProcess>) -> Result<Vec<Violation>, HarnessError> {
+    for process in &mut clients {
+        process.ask_to_stop();
+    }
+    let stop_deadline = Instant::now() + Duration::from_secs(45);
+    let finished = tokio::task::spawn_blocking(move || {
+        let mut unfinished = Vec::new();
+        for process in &mut clients {
+            if !process.finish(stop_deadline) {
+                unfinished.push(process.number);
+            }
+        }
+        unfinished
+    })
+    .await
+    .map_err(|e| HarnessError::Client(format!("stopping clients: {e}")))?;
+    Ok(finished
+        .into_iter()
+        .map(|number| Violation {
+            property: Property::Liveness,
+            resource: None,
+            message: format!("client process {number} did not finish within 45s of being stopped"),
+            ops: Vec::new(),
+            writes: Vec::new(),
+        })
+        .collect())
+}
+
+/// Reads every resource of the run once more, all at once under one deadline (a cluster that
+/// lost a group must not stall the run).
+async fn final_reads(client: &Client, resources: u32) -> Vec<OpRecord> {
+    let reads_deadline = Instant::now() + Duration::from_secs(20);
+    let mut reads = tokio::task::JoinSet::new();
+    for index in 0..resources {
+        let client = client.clone();
+        reads.spawn(async move {
+            let resource = format!("r{index}");
+            let group = client
+                .group_of(&ResourceKey::new(TENANT, resource.as_str()))
+                .await
+                .unwrap_or(u32::MAX);
+            let id = (1u64 << 60) + u64::from(index);
+            final_read(&client, &resource, group, id, reads_deadline).await
+        });
+    }
+    let mut ops = Vec::new();
+    while let Some(read) = reads.join_next().await {
+        if let Ok(read) = read {
+            ops.push(read);
+        }
+    }
+    ops
+}
+
+/// An election-safety violation for each (group, term) in which more than one node claimed
+/// leadership (the claims the monitor collected).
+fn two_leaders_in_a_term(claims: &LeaderClaims) -> Vec<Violation> {
+    claims
+        .iter()
+        .filter(|(_, nodes)| nodes.len() > 1)
+        .map(|((group, term), nodes)| Violation {
+            property: Property::ElectionSafety,
+            resource: None,
+            message: format!(
+                "group {group} had two leaders in term {term}: nodes {nodes:?} (Raft election \
+                 safety)"
+            ),
+            ops: Vec::new(),
+            writes: Vec::new(),
+        })
+        .collect()
+}
+
+/// Operations of a history by kind, replay and outcome (`acquire-replay:granted`, ...), and how
+/// many ended unknown.
+fn op_counts(history: &History) -> (BTreeMap<String, u64>, u64) {
+    let mut op_counts = BTreeMap::new();
+    let mut ops_unknown = 0;
+    for op in &history.ops {
+        let outcome = match &op.outcome {
+            Outcome::Granted { .. } => "granted".to_string(),
+            Outcome::Released { .. } => "released".to_string(),
+            Outcome::Read { view: None, .. } => "absent".to_string(),
+            Outcome::Read { view: Some(v), .. } => v.status.to_lowercase(),
+            Outcome::Refused { code, .. } => code.to_lowercase(),
+            Outcome::Unknown { .. } => {
+                ops_unknown += 1;
+                "unknown".to_string()
+            }
+        };
+        let kind = format!("{:?}", op.kind).to_lowercase();
+        let replay = if op.replay_of.is_some() {
+            "-replay"
+        } else {
+            ""
+        };
+        *op_counts
+            .entry(format!("{kind}{replay}:{outcome}"))
+            .or_insert(0) += 1;
+    }
+    (op_counts, ops_unknown)
 }
 
 /// Starts a cluster in `dir` and waits until every group has a leader (for tests that drive a
