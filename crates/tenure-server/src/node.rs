@@ -2,8 +2,8 @@
 //!
 //! [`Node::start`] claims the data directory, opens storage, starts the QUIC endpoint (peer
 //! protocol and client protocol on one port), creates the replicas of the groups this node hosts
-//! (placed by [`crate::placement`]), bootstraps fresh groups, builds the [`NodeShared`] state,
-//! and starts the HTTP gateway, the heartbeat driver and the background tasks
+//! (placed by [`crate::placement`]), starts the heartbeat driver, bootstraps fresh groups, builds
+//! the [`NodeShared`] state, and starts the HTTP gateway and the background tasks
 //! ([`crate::background`]: expiry, leader balancing, the leader-table exchange, gauges). Requests
 //! are served by [`crate::request`]; a graceful stop hands leadership off
 //! ([`crate::background::handoff`]).
@@ -172,13 +172,6 @@ impl Node {
         let timing = config.timing();
         let transport_config =
             transport_config(&config, &env, own.addr, peer_addrs.clone(), &storage);
-        crate::limits::check_relations(&crate::limits::LimitSettings {
-            ops_per_entry_max: config.limits.ops_per_entry_max,
-            group: &desired_limits,
-            append_entries_max: timing.append_entries_max,
-            frame_bytes_max: transport_config.frame_bytes_max,
-        })
-        .map_err(|error| ServerError::Config(error.to_string()))?;
         let table = Arc::new(GroupTable::new(spool_dir));
         let registry: Arc<dyn GroupRegistry> = table.clone();
         let client_server = ClientServer::new();
@@ -243,17 +236,14 @@ impl Node {
                 .map_or_else(rand::random, |seed| seed ^ 0x5eed_0f7a_b1e5),
             negative_control,
         };
-        let (groups, fresh) = create_groups(
-            &config,
+        let replica = ReplicaSettings {
             state_options,
-            &storage,
-            &transport,
-            &table,
-            &raft_config,
-            &clock,
-            &settings,
-        )
-        .await?;
+            raft_config,
+            clock: clock.clone(),
+            settings,
+        };
+        let (groups, fresh) =
+            create_groups(&config, &storage, &transport, &table, &replica).await?;
         let heartbeat = tenure_transport::spawn_heartbeat_driver(
             registry,
             Duration::from_millis(timing.heartbeat_interval_ms),
@@ -365,8 +355,9 @@ impl Node {
 }
 
 /// The checks before anything is opened: the configuration is valid, the group limits fit the
-/// memory budget (sized before any state is replayed: limits that do not fit stop here), the
-/// data directory belongs to this node and cluster, and the token table loads.
+/// memory budget (sized before any state is replayed: limits that do not fit stop here) and the
+/// other crates' bounds (`limits::check_relations`), the data directory belongs to this node and
+/// cluster, and the token table loads.
 fn check_and_claim(config: &ServerConfig) -> Result<(GroupLimits, Authenticator), ServerError> {
     config
         .validate()
@@ -385,6 +376,14 @@ fn check_and_claim(config: &ServerConfig) -> Result<(GroupLimits, Authenticator)
             "lease state sized to the node memory budget"
         );
     }
+    // Before anything is written: the transport's frame bound is its default (not configurable).
+    crate::limits::check_relations(&crate::limits::LimitSettings {
+        ops_per_entry_max: config.limits.ops_per_entry_max,
+        group: &desired_limits,
+        append_entries_max: config.timing().append_entries_max,
+        frame_bytes_max: tenure_transport::FRAME_BYTES_MAX_DEFAULT,
+    })
+    .map_err(|error| ServerError::Config(error.to_string()))?;
     crate::identity::claim_data_dir(&config.data_dir, node_id, &config.cluster_name)?;
     let auth = Authenticator::new(&config.auth).map_err(|e| ServerError::Config(e.to_string()))?;
     if config.auth.insecure_dev_mode {
@@ -461,18 +460,30 @@ fn node_clocks(
 /// A group this node creates on a fresh cluster: its Raft, members and id.
 type FreshGroup = (GroupRaft, BTreeMap<u64, BasicNode>, u32);
 
+/// What every replica of this node is created with.
+struct ReplicaSettings {
+    state_options: StateOptions,
+    raft_config: Arc<openraft::Config>,
+    clock: Arc<dyn MonotonicClock>,
+    settings: GroupSettings,
+}
+
 /// Creates the replicas of the groups this node hosts (`None` for the others) and names the
 /// fresh groups this node bootstraps (it is their preferred leader and they have no state yet).
 async fn create_groups(
     config: &ServerConfig,
-    state_options: StateOptions,
     storage: &NodeStorage,
     transport: &Transport,
     table: &GroupTable,
-    raft_config: &Arc<openraft::Config>,
-    clock: &Arc<dyn MonotonicClock>,
-    settings: &GroupSettings,
+    replica: &ReplicaSettings,
 ) -> Result<(Vec<Option<Arc<GroupHandle>>>, Vec<FreshGroup>), ServerError> {
+    let ReplicaSettings {
+        state_options,
+        raft_config,
+        clock,
+        settings,
+    } = replica;
+    let state_options = *state_options;
     let node_id = config.node_id;
     let node_ids: Vec<u64> = config.peers.keys().copied().collect();
     let mut groups: Vec<Option<Arc<GroupHandle>>> = Vec::with_capacity(config.groups as usize);

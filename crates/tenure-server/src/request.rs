@@ -1,10 +1,11 @@
 //! The request path: one client request end to end, shared by the QUIC client protocol and the
 //! HTTP gateway so both behave identically. The caller has authenticated the connection (QUIC)
 //! or the request (HTTP) and decoded it; here, in order: the tenant check (a principal touches
-//! only its own tenant), validation, admission (in-flight bounds, renewal pressure), routing to
-//! the key's group, then either the local proposal or read (this node leads the group) or
-//! forwarding to the leader (or `NOT_LEADER` with the leader's address), and the answer with its
-//! metrics.
+//! only its own tenant), validation, admission (in-flight bounds per node and tenant), routing to
+//! the key's group, then either, when this node is the group's ready leader, renewal pressure
+//! (late renewals sampled; new acquires refused while they arrive late) and the local proposal or
+//! read, or forwarding to the leader (or `NOT_LEADER` with the leader's address); and the answer
+//! with its metrics.
 //!
 //! Must not depend on: the wire (QUIC streams, HTTP); callers decode and encode. Nor on the
 //! node's start-up or background tasks (`node`, `background`).

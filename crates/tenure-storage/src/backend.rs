@@ -16,7 +16,6 @@ use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use rocksdb::{ColumnFamily, DB, Direction, IteratorMode, WriteBatch, WriteOptions};
 
-/// A column family.
 /// Column family of log entries.
 pub const CF_LOG: &str = "log";
 /// Column family of per-group Raft metadata (vote, committed, last purged).
@@ -24,6 +23,7 @@ pub const CF_META: &str = "meta";
 /// Column family of per-group state-machine records (current snapshot pointer).
 pub const CF_STATE: &str = "state";
 
+/// A column family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Cf {
     /// Log entries.

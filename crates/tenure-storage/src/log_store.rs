@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use crate::backend::{Batch, Cf};
 use crate::codec::{self, META_COMMITTED, META_LAST_PURGED, META_VOTE};
 use crate::error::StoreError;
-use crate::node::{Shared, blocking};
+use crate::node::{NodeStorage, Shared, blocking};
 use crate::{LogEntry, TenureRaft};
 
 /// The log store of one group replica. Cheap to clone; clones share the node's database.
@@ -40,6 +40,13 @@ impl Debug for GroupLogStore {
         f.debug_struct("GroupLogStore")
             .field("group", &self.group)
             .finish()
+    }
+}
+
+impl NodeStorage {
+    /// The log store of one group.
+    pub fn log_store(&self, group: u32) -> GroupLogStore {
+        GroupLogStore::new(Arc::clone(&self.shared), group)
     }
 }
 
@@ -264,8 +271,9 @@ impl RaftLogStorage<TenureRaft> for GroupLogStore {
     ) -> Result<(), io::Error> {
         self.shared.inner.check_group(self.group)?;
         if let Some(log_id) = &committed {
-            // Invariant: the committed index only grows (openraft saves it as it advances). A
-            // smaller one would let a restart re-apply from a point before entries it applied.
+            // Invariant: the committed index only grows. openraft saves it only as it advances
+            // (never back), so a smaller one means a bug in the layers above; the node stops.
+            // Checked within one process lifetime of this group's store.
             let next = log_id.index().saturating_add(1);
             let before = self.committed_saved_next.fetch_max(next, Ordering::AcqRel);
             assert!(

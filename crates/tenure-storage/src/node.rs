@@ -608,11 +608,6 @@ impl NodeStorage {
         })
     }
 
-    /// The log store of one group.
-    pub fn log_store(&self, group: u32) -> crate::GroupLogStore {
-        crate::GroupLogStore::new(Arc::clone(&self.shared), group)
-    }
-
     /// Counters of storage activity since open.
     pub fn stats(&self) -> StatsSnapshot {
         let stats = &self.shared.inner.stats;

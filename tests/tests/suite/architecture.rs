@@ -221,24 +221,68 @@ const KNOWN_MODULE_CYCLES: &[(&str, &[&str])] = &[
     // runs the renewer, and the renewer updates leases through the client's connections. Taking
     // it apart means a lower `calls` module under all three.
     ("crates/tenure-client", &["client", "lease", "renewer"]),
-    // The stream acceptor (`inbound`) uses the link state and frame I/O defined beside the
-    // connection loop (`transport`) that spawns it. Taking it apart means moving the link state
-    // and frame I/O into a module of their own.
-    ("crates/tenure-transport", &["inbound", "transport"]),
 ];
 
-/// The crate-local modules a source file names (`crate::x` paths and `use crate::{x, y::z}`
-/// groups), outside comments and outside its `#[cfg(test)] mod tests`.
-fn crate_references(text: &str) -> std::collections::BTreeSet<String> {
-    let code: String = text
-        .lines()
-        .map(|line| line.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let code = match code.find("#[cfg(test)]\nmod tests") {
-        Some(at) => &code[..at],
-        None => &code[..],
-    };
+/// `text` without comments (a `//` at the start of a line or after whitespace, so `"http://"`
+/// stays) and without its unit-test modules (`#[cfg(test)]`, other attributes, `mod x { ... }`).
+fn code_outside_comments_and_tests(text: &str) -> String {
+    let mut code = String::with_capacity(text.len());
+    for line in text.lines() {
+        let cut = line
+            .match_indices("//")
+            .find(|(at, _)| *at == 0 || line[..*at].ends_with(char::is_whitespace))
+            .map_or(line.len(), |(at, _)| at);
+        code.push_str(&line[..cut]);
+        code.push('\n');
+    }
+    let mut kept = String::with_capacity(code.len());
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        kept.push_str(&rest[..at]);
+        let after = &rest[at + "#[cfg(test)]".len()..];
+        // Further attributes, then `mod name {`: skip to the matching brace.
+        let mut tail = after.trim_start();
+        while tail.starts_with("#[") {
+            tail = tail
+                .find(']')
+                .map_or("", |end| tail[end + 1..].trim_start());
+        }
+        let Some(module) = tail.strip_prefix("mod ") else {
+            rest = after;
+            continue;
+        };
+        let Some(open) = module.find(&['{', ';'][..]) else {
+            rest = after;
+            continue;
+        };
+        if module.as_bytes()[open] == b';' {
+            rest = &module[open + 1..];
+            continue;
+        }
+        let mut depth = 0usize;
+        let mut end = module.len();
+        for (i, c) in module[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rest = &module[end..];
+    }
+    kept.push_str(rest);
+    kept
+}
+
+/// The names a piece of code reaches through `crate::` (`crate::x` paths and the top-level items
+/// of `use crate::{x, y::z}` groups).
+fn crate_references(code: &str) -> std::collections::BTreeSet<String> {
     let ident = |s: &str| -> String {
         s.chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
@@ -249,7 +293,6 @@ fn crate_references(text: &str) -> std::collections::BTreeSet<String> {
     while let Some(at) = rest.find("crate::") {
         let after = &rest[at + "crate::".len()..];
         if let Some(group) = after.strip_prefix('{') {
-            // Top-level items of the brace group.
             let mut depth = 0usize;
             let mut item_start = true;
             for (i, c) in group.char_indices() {
@@ -273,13 +316,38 @@ fn crate_references(text: &str) -> std::collections::BTreeSet<String> {
     names
 }
 
-/// The module dependency graph of one crate's `src` (top-level modules only; `lib.rs`, `main.rs`
-/// and `bin/` are the crate's roots, not modules).
+/// The items a crate root re-exports from its modules (`pub use m::{A, B};`, `pub use m::A;`),
+/// by item name: `crate::A` reaches module `m`.
+fn root_reexports(root: &str) -> std::collections::BTreeMap<String, String> {
+    let mut items = std::collections::BTreeMap::new();
+    let mut rest = root;
+    while let Some(at) = rest.find("pub use ") {
+        let statement = &rest[at + "pub use ".len()..];
+        let end = statement.find(';').unwrap_or(statement.len());
+        let statement = &statement[..end];
+        if let Some((module, named)) = statement.split_once("::") {
+            let module = module.trim();
+            for item in named
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|item| !item.is_empty())
+            {
+                items.insert(item.to_owned(), module.to_owned());
+            }
+        }
+        rest = &rest[at + "pub use ".len() + end..];
+    }
+    items
+}
+
+/// The dependency graph of one crate's top-level modules (`lib.rs`, `main.rs` and `bin/` are
+/// the crate's roots, not modules; a module's `tests.rs` is its unit tests). A reference to an
+/// item the root re-exports counts as one to the module it comes from.
 fn module_graph(
     src: &Path,
 ) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
     let mut files = Vec::new();
     rust_sources(src, &mut files);
+    let mut root = String::new();
     let mut modules: std::collections::BTreeMap<String, Vec<std::path::PathBuf>> =
         std::collections::BTreeMap::new();
     for file in files {
@@ -290,11 +358,16 @@ fn module_graph(
             .map(|c| c.as_os_str().to_string_lossy().into_owned())
             .unwrap_or_default();
         let module = first.trim_end_matches(".rs").to_owned();
-        if matches!(module.as_str(), "lib" | "main" | "bin") {
+        if matches!(module.as_str(), "lib" | "main") {
+            root.push_str(&std::fs::read_to_string(&file).expect("read source"));
+            continue;
+        }
+        if module == "bin" || file.file_name().is_some_and(|name| name == "tests.rs") {
             continue;
         }
         modules.entry(module).or_default().push(file);
     }
+    let reexports = root_reexports(&code_outside_comments_and_tests(&root));
     let names: std::collections::BTreeSet<String> = modules.keys().cloned().collect();
     modules
         .into_iter()
@@ -302,7 +375,8 @@ fn module_graph(
             let mut uses = std::collections::BTreeSet::new();
             for file in files {
                 let text = std::fs::read_to_string(&file).expect("read source");
-                for name in crate_references(&text) {
+                for name in crate_references(&code_outside_comments_and_tests(&text)) {
+                    let name = reexports.get(&name).cloned().unwrap_or(name);
                     if name != module && names.contains(&name) {
                         uses.insert(name);
                     }
@@ -399,12 +473,16 @@ fn no_module_import_cycles_within_a_crate() {
 
 #[test]
 fn the_cycle_finder_sees_a_cycle_and_ignores_comments_and_unit_tests() {
-    let refs = crate_references(
-        "use crate::{a, b::{c, d}, e::f};\nfn x() { crate::g::h(); }\n// crate::comment\n\
-         #[cfg(test)]\nmod tests { use crate::t; }",
+    let code = code_outside_comments_and_tests(
+        "use crate::{a, b::{c, d}, e::f};\nfn x() { crate::g::h(\"http://x\"); crate::Item; }\n\
+         // crate::comment\nlet y = 1; // crate::trailing\n#[cfg(test)]\n#[allow(x)]\n\
+         mod tests { use crate::t; fn z() { {} } }\nfn after() { crate::k(); }",
     );
-    let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
-    assert_eq!(refs, ["a", "b", "e", "g"]);
+    let refs: Vec<String> = crate_references(&code).into_iter().collect();
+    assert_eq!(refs, ["Item", "a", "b", "e", "g", "k"]);
+    let reexports = root_reexports("pub use item::{Item, Other};\npub use single::One;");
+    assert_eq!(reexports.get("Item").map(String::as_str), Some("item"));
+    assert_eq!(reexports.get("One").map(String::as_str), Some("single"));
     let graph = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]
         .into_iter()
         .map(|(from, to)| (from.to_owned(), [to.to_owned()].into_iter().collect()))

@@ -1,6 +1,6 @@
 //! Integration tests of the pure lease state machine: operations, the model-based property tests,
-//! quotas and snapshots. One test binary for the crate, so its dependencies (RocksDB above all) are
-//! linked once; one module per concern.
+//! quotas and snapshots. One test binary for the crate, so its dependencies are linked once; one
+//! module per concern.
 
 mod common;
 mod model;

@@ -59,10 +59,10 @@ const LOG_TAIL_LINES: usize = 60;
 /// How long a single test-client call waits at most (beyond the request's own timeout).
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// One cluster at a time per test binary.
+/// One cluster at a time per test binary (and one timing-sensitive test: see `forwarding_lanes`).
 static CLUSTER_LOCK: Mutex<()> = Mutex::new(());
 
-fn cluster_lock() -> MutexGuard<'static, ()> {
+pub fn cluster_lock() -> MutexGuard<'static, ()> {
     CLUSTER_LOCK
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
