@@ -327,11 +327,16 @@ fn root_reexports(root: &str) -> std::collections::BTreeMap<String, String> {
         let statement = &statement[..end];
         if let Some((module, named)) = statement.split_once("::") {
             let module = module.trim();
-            for item in named
-                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .filter(|item| !item.is_empty())
-            {
-                items.insert(item.to_owned(), module.to_owned());
+            // Each re-exported path's last segment (or its `as` name) is the item's name.
+            let named = named.trim().trim_start_matches('{').trim_end_matches('}');
+            for path in named.split(',') {
+                let name = match path.split_once(" as ") {
+                    Some((_, alias)) => alias.trim(),
+                    None => path.rsplit("::").next().unwrap_or("").trim(),
+                };
+                if !name.is_empty() && name != "self" && name != "*" {
+                    items.insert(name.to_owned(), module.to_owned());
+                }
             }
         }
         rest = &rest[at + "pub use ".len() + end..];
@@ -376,7 +381,12 @@ fn module_graph(
             for file in files {
                 let text = std::fs::read_to_string(&file).expect("read source");
                 for name in crate_references(&code_outside_comments_and_tests(&text)) {
-                    let name = reexports.get(&name).cloned().unwrap_or(name);
+                    // A module's own name stays its own (a root `pub use other::module` must not
+                    // hide it).
+                    let name = match reexports.get(&name) {
+                        Some(module) if !names.contains(&name) => module.clone(),
+                        _ => name,
+                    };
                     if name != module && names.contains(&name) {
                         uses.insert(name);
                     }
@@ -480,9 +490,14 @@ fn the_cycle_finder_sees_a_cycle_and_ignores_comments_and_unit_tests() {
     );
     let refs: Vec<String> = crate_references(&code).into_iter().collect();
     assert_eq!(refs, ["Item", "a", "b", "e", "g", "k"]);
-    let reexports = root_reexports("pub use item::{Item, Other};\npub use single::One;");
+    let reexports = root_reexports(
+        "pub use item::{Item, Other as Renamed};\npub use single::One;\npub use dep::client::Thing;",
+    );
     assert_eq!(reexports.get("Item").map(String::as_str), Some("item"));
+    assert_eq!(reexports.get("Renamed").map(String::as_str), Some("item"));
     assert_eq!(reexports.get("One").map(String::as_str), Some("single"));
+    assert_eq!(reexports.get("Thing").map(String::as_str), Some("dep"));
+    assert_eq!(reexports.get("client"), None);
     let graph = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]
         .into_iter()
         .map(|(from, to)| (from.to_owned(), [to.to_owned()].into_iter().collect()))
