@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -1189,12 +1190,11 @@ async fn run_expiry(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutco
         run_tag: tag,
     });
     let reporter = Reporter::start(recorder.clone(), Duration::ZERO, config.progress, None);
-    let background_end = deadline;
     let mut background_tasks = tokio::task::JoinSet::new();
     for index in 0..background_workers {
         let worker = background.clone();
         let rng = worker_rng(config.seed, index);
-        background_tasks.spawn(async move { worker.run(index, rng, background_end, None).await });
+        background_tasks.spawn(async move { worker.run(index, rng, deadline, None).await });
     }
     // Baseline: two seconds (at most a quarter of the bound) of background traffic alone.
     tokio::time::sleep(Duration::from_secs(2).min(config.duration / 4)).await;
@@ -1218,128 +1218,33 @@ async fn run_expiry(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutco
     )
     .await?;
     let acquire_phase = phase_figures(&phase_recorder, phase_s);
-    let mut pending: VecDeque<(String, Instant, Instant)> = VecDeque::new();
-    let mut latest_expiry = phase_started;
-    let mut earliest_expiry: Option<Instant> = None;
-    for (handle, sent, answered) in handles {
-        let resource = match handle {
-            HoldHandle::Tenure(lease) => {
-                let resource = lease.key().resource_id.to_string();
-                let _ = lease.detach();
-                resource
-            }
-            HoldHandle::Manual(lease) => lease.resource,
-        };
-        // The lease ends at its grant's log time + ttl; the grant was made between sending and
-        // the answer, so in real time expiry falls in [sent + ttl, answered + ttl].
-        let not_before = sent + config.ttl;
-        let expires_by = answered + config.ttl;
-        latest_expiry = latest_expiry.max(expires_by);
-        earliest_expiry =
-            Some(earliest_expiry.map_or(not_before, |at: Instant| at.min(not_before)));
-        pending.push_back((resource, not_before, expires_by));
-    }
-    let expiring = pending.len();
+    let expiring = ExpiringKeys::of(handles, config.ttl, phase_started);
     if config.progress {
         eprintln!(
-            "expiry: {expiring} leases acquired in {phase_s:.1} s; all expire within {:.1} s",
-            latest_expiry
+            "expiry: {} leases acquired in {phase_s:.1} s; all expire within {:.1} s",
+            expiring.keys.len(),
+            expiring
+                .latest
                 .saturating_duration_since(Instant::now())
                 .as_secs_f64()
         );
     }
 
-    // Phase 2: new holders reclaim every key as soon as it is free; a refused key is retried
-    // 25 ms later.
-    let earliest = earliest_expiry.unwrap_or(latest_expiry);
+    // Phase 2: new holders reclaim every key as soon as it is free.
+    let earliest = expiring.earliest.unwrap_or(expiring.latest);
     tokio::time::sleep_until(earliest.min(deadline).into()).await;
     let reclaim_started = Instant::now();
-    // The keys in order of the earliest moment each may be free (then of retry time).
-    let mut ordered: BTreeMap<(Instant, u64), (String, Instant)> = BTreeMap::new();
-    // Each key carries its earliest possible expiry (sent + ttl): the reclaim delay counts from
-    // there, so it includes up to one acquire round trip of uncertainty about the true expiry.
-    for (sequence, (resource, not_before, _)) in (0u64..).zip(pending) {
-        ordered.insert((not_before, sequence), (resource, not_before));
-    }
-    let next_sequence = Arc::new(AtomicU64::new(u64::try_from(ordered.len()).unwrap_or(0)));
-    let queue = Arc::new(Mutex::new(ordered));
-    // Fixed bounds: a histogram without them would clamp every `saturating_record` to its
-    // initial range.
-    let reclaim_delays_us = Arc::new(Mutex::new(crate::stats::new_histogram()));
-    let reclaimed = Arc::new(AtomicU64::new(0));
-    let refusals = Arc::new(AtomicU64::new(0));
-    let last_reclaim = Arc::new(Mutex::new(None::<Instant>));
-    // Keys taken from the queue and not yet settled: a refused one comes back, so a worker
-    // finding the queue empty stops only when nothing is in flight.
-    let in_flight = Arc::new(AtomicU64::new(0));
+    let expiring_count = expiring.keys.len();
+    let latest_expiry = expiring.latest;
+    let reclaim = Reclaim::new(expiring);
     let mut reclaim_tasks = tokio::task::JoinSet::new();
     for worker in 0..acquire_workers {
         let target = target.clone();
-        let queue = queue.clone();
-        let in_flight = in_flight.clone();
-        let next_sequence = next_sequence.clone();
-        let delays = reclaim_delays_us.clone();
-        let reclaimed = reclaimed.clone();
-        let refusals = refusals.clone();
-        let last_reclaim = last_reclaim.clone();
+        let reclaim = reclaim.clone();
         let holder = format!("lg{tag:08x}-reclaimer{worker}");
         let ttl = config.ttl;
-        reclaim_tasks.spawn(async move {
-            loop {
-                let now = Instant::now();
-                if now >= deadline {
-                    break;
-                }
-                // Take the earliest key if it is due; else wait for it (at most 25 ms, so a
-                // key put back by another worker is not missed).
-                let next = {
-                    let mut queue = queue.lock().unwrap_or_else(PoisonError::into_inner);
-                    match queue.keys().next().copied() {
-                        None if in_flight.load(Ordering::Acquire) == 0 => break,
-                        None => Err(now + Duration::from_millis(25)),
-                        Some((at, _)) if at <= now => {
-                            in_flight.fetch_add(1, Ordering::AcqRel);
-                            Ok(queue.pop_first())
-                        }
-                        Some((at, _)) => Err(at.min(now + Duration::from_millis(25))),
-                    }
-                };
-                let (resource, earliest_expiry) = match next {
-                    Ok(Some((_, item))) => item,
-                    Ok(None) => {
-                        in_flight.fetch_sub(1, Ordering::AcqRel);
-                        continue;
-                    }
-                    Err(wake) => {
-                        tokio::time::sleep_until(wake.into()).await;
-                        continue;
-                    }
-                };
-                match target.acquire(&resource, &holder, ttl).await {
-                    Ok(_) => {
-                        let now = Instant::now();
-                        reclaimed.fetch_add(1, Ordering::Relaxed);
-                        let delay = now.saturating_duration_since(earliest_expiry);
-                        delays
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .saturating_record(crate::stats::latency_us(delay));
-                        let mut last = last_reclaim.lock().unwrap_or_else(PoisonError::into_inner);
-                        *last = Some(last.map_or(now, |at: Instant| at.max(now)));
-                    }
-                    Err(_) => {
-                        refusals.fetch_add(1, Ordering::Relaxed);
-                        let retry_at = Instant::now() + Duration::from_millis(25);
-                        let sequence = next_sequence.fetch_add(1, Ordering::Relaxed);
-                        queue
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .insert((retry_at, sequence), (resource, earliest_expiry));
-                    }
-                }
-                in_flight.fetch_sub(1, Ordering::AcqRel);
-            }
-        });
+        reclaim_tasks
+            .spawn(async move { reclaim.run_worker(&target, &holder, ttl, deadline).await });
     }
     while let Some(result) = reclaim_tasks.join_next().await {
         result.map_err(|error| ScenarioError::Worker(error.to_string()))?;
@@ -1353,54 +1258,31 @@ async fn run_expiry(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutco
     let finished = Instant::now();
     let (timeline, measured_s) = reporter.finish(finished).await?;
 
-    let unreclaimed = queue.lock().unwrap_or_else(PoisonError::into_inner).len();
-    let last = *last_reclaim.lock().unwrap_or_else(PoisonError::into_inner);
-    let delays = reclaim_delays_us
+    let unreclaimed = reclaim
+        .queue
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .len();
+    let last = *reclaim
+        .last_reclaim
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let delays = reclaim
+        .delays_us
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
     // Background traffic before the leases expired versus while they were reclaimed, from the
     // timeline (t_s counts from the reporter's start, which is `start`).
     let since_start = |at: Instant| at.saturating_duration_since(start).as_secs_f64();
-    let (acquire_from, expiry_from, expiry_to) = (
-        since_start(phase_started),
-        since_start(reclaim_started),
-        since_start(reclaim_finished),
-    );
-    let window = |from: f64, to: f64| {
-        let samples: Vec<&IntervalSample> = timeline
-            .iter()
-            .filter(|sample| sample.t_s > from && sample.t_s - 1.0 < to)
-            .collect();
-        let min_ops = samples
-            .iter()
-            .map(|sample| sample.ops_per_s)
-            .fold(f64::INFINITY, f64::min);
-        let max_p99 = samples
-            .iter()
-            .map(|sample| sample.p99_us)
-            .max()
-            .unwrap_or(0);
-        let max_us = samples
-            .iter()
-            .map(|sample| sample.max_us)
-            .max()
-            .unwrap_or(0);
-        json!({
-            "seconds": samples.len(),
-            "min_ops_per_s": if min_ops.is_finite() { json!(min_ops) } else { Value::Null },
-            "max_interval_p99_us": max_p99,
-            "max_latency_us": max_us,
-        })
-    };
     let details = json!({
         "leases": config.leases,
         "ttl_ms": u64::try_from(config.ttl.as_millis()).unwrap_or(u64::MAX),
         "acquire_phase": acquire_phase,
-        "expiring": expiring,
-        "reclaimed": reclaimed.load(Ordering::Relaxed),
+        "expiring": expiring_count,
+        "reclaimed": reclaim.reclaimed.load(Ordering::Relaxed),
         "unreclaimed": unreclaimed,
-        "reclaim_refusals": refusals.load(Ordering::Relaxed),
+        "reclaim_refusals": reclaim.refusals.load(Ordering::Relaxed),
         "all_reclaimed_after_latest_expiry_ms": last
             .filter(|_| unreclaimed == 0)
             .map(|at| at.saturating_duration_since(latest_expiry).as_secs_f64() * 1000.0),
@@ -1411,12 +1293,195 @@ async fn run_expiry(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutco
             "max": delays.max(),
         },
         "background_workers": background_workers,
-        "background_before_expiry": window(0.0, acquire_from),
-        "background_during_reclaim": window(expiry_from, expiry_to),
+        "background_before_expiry": timeline_window(&timeline, 0.0, since_start(phase_started)),
+        "background_during_reclaim": timeline_window(
+            &timeline,
+            since_start(reclaim_started),
+            since_start(reclaim_finished),
+        ),
     });
     Ok(RunOutcome::of_operations(
         &recorder, measured_s, timeline, details,
     ))
+}
+
+/// The keys of the expiry scenario's leases and when each may expire.
+struct ExpiringKeys {
+    /// (resource, earliest possible expiry, latest possible expiry), in acquire order.
+    keys: Vec<(String, Instant, Instant)>,
+    /// The earliest moment any of them may be free.
+    earliest: Option<Instant>,
+    /// The moment by which all of them have expired.
+    latest: Instant,
+}
+
+impl ExpiringKeys {
+    /// Stops renewing every handle (the leases then expire) and notes when each expires: at its
+    /// grant's log time + ttl; the grant was made between sending and the answer, so in real
+    /// time expiry falls in `[sent + ttl, answered + ttl]`.
+    fn of(handles: Vec<(HoldHandle, Instant, Instant)>, ttl: Duration, floor: Instant) -> Self {
+        let mut expiring = ExpiringKeys {
+            keys: Vec::with_capacity(handles.len()),
+            earliest: None,
+            latest: floor,
+        };
+        for (handle, sent, answered) in handles {
+            let resource = match handle {
+                HoldHandle::Tenure(lease) => {
+                    let resource = lease.key().resource_id.to_string();
+                    let _ = lease.detach();
+                    resource
+                }
+                HoldHandle::Manual(lease) => lease.resource,
+            };
+            let not_before = sent + ttl;
+            let expires_by = answered + ttl;
+            expiring.latest = expiring.latest.max(expires_by);
+            expiring.earliest = Some(
+                expiring
+                    .earliest
+                    .map_or(not_before, |at: Instant| at.min(not_before)),
+            );
+            expiring.keys.push((resource, not_before, expires_by));
+        }
+        expiring
+    }
+}
+
+/// Keys to reclaim by (earliest moment each may be free, sequence), with the earliest expiry
+/// its delay counts from.
+type ReclaimQueue = BTreeMap<(Instant, u64), (String, Instant)>;
+
+/// The reclaim phase's shared state: the keys in order of the earliest moment each may be free
+/// (then of retry time), and what the workers measured.
+#[derive(Clone)]
+struct Reclaim {
+    queue: Arc<Mutex<ReclaimQueue>>,
+    next_sequence: Arc<AtomicU64>,
+    /// Keys taken from the queue and not yet settled: a refused one comes back, so a worker
+    /// finding the queue empty stops only when nothing is in flight.
+    in_flight: Arc<AtomicU64>,
+    /// Fixed bounds: a histogram without them would clamp every `saturating_record` to its
+    /// initial range.
+    delays_us: Arc<Mutex<Histogram<u64>>>,
+    reclaimed: Arc<AtomicU64>,
+    refusals: Arc<AtomicU64>,
+    last_reclaim: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Reclaim {
+    /// Each key carries its earliest possible expiry (sent + ttl): the reclaim delay counts
+    /// from there, so it includes up to one acquire round trip of uncertainty about the true
+    /// expiry.
+    fn new(expiring: ExpiringKeys) -> Self {
+        let mut ordered = ReclaimQueue::new();
+        for (sequence, (resource, not_before, _)) in (0u64..).zip(expiring.keys) {
+            ordered.insert((not_before, sequence), (resource, not_before));
+        }
+        Reclaim {
+            next_sequence: Arc::new(AtomicU64::new(u64::try_from(ordered.len()).unwrap_or(0))),
+            queue: Arc::new(Mutex::new(ordered)),
+            in_flight: Arc::new(AtomicU64::new(0)),
+            delays_us: Arc::new(Mutex::new(crate::stats::new_histogram())),
+            reclaimed: Arc::new(AtomicU64::new(0)),
+            refusals: Arc::new(AtomicU64::new(0)),
+            last_reclaim: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Takes the earliest key if it is due (`Ok`), else says when to look again (`Err`: at
+    /// most 25 ms, so a key put back by another worker is not missed); `None` when every key
+    /// is settled.
+    fn next_due(&self, now: Instant) -> Option<Result<Option<(String, Instant)>, Instant>> {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        match queue.keys().next().copied() {
+            None if self.in_flight.load(Ordering::Acquire) == 0 => None,
+            None => Some(Err(now + Duration::from_millis(25))),
+            Some((at, _)) if at <= now => {
+                self.in_flight.fetch_add(1, Ordering::AcqRel);
+                Some(Ok(queue.pop_first().map(|(_, item)| item)))
+            }
+            Some((at, _)) => Some(Err(at.min(now + Duration::from_millis(25)))),
+        }
+    }
+
+    /// One reclaiming worker: acquires each due key as `holder`; a refused key is retried 25 ms
+    /// later.
+    async fn run_worker(&self, target: &Target, holder: &str, ttl: Duration, deadline: Instant) {
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let (resource, earliest_expiry) = match self.next_due(now) {
+                None => break,
+                Some(Ok(Some(item))) => item,
+                Some(Ok(None)) => {
+                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                    continue;
+                }
+                Some(Err(wake)) => {
+                    tokio::time::sleep_until(wake.into()).await;
+                    continue;
+                }
+            };
+            match target.acquire(&resource, holder, ttl).await {
+                Ok(_) => {
+                    let now = Instant::now();
+                    self.reclaimed.fetch_add(1, Ordering::Relaxed);
+                    let delay = now.saturating_duration_since(earliest_expiry);
+                    self.delays_us
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .saturating_record(crate::stats::latency_us(delay));
+                    let mut last = self
+                        .last_reclaim
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    *last = Some(last.map_or(now, |at: Instant| at.max(now)));
+                }
+                Err(_) => {
+                    self.refusals.fetch_add(1, Ordering::Relaxed);
+                    let retry_at = Instant::now() + Duration::from_millis(25);
+                    let sequence = self.next_sequence.fetch_add(1, Ordering::Relaxed);
+                    self.queue
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert((retry_at, sequence), (resource, earliest_expiry));
+                }
+            }
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The background traffic's worst second between `from_s` and `to_s` of the timeline: lowest
+/// throughput, highest interval p99, highest latency.
+fn timeline_window(timeline: &[IntervalSample], from_s: f64, to_s: f64) -> Value {
+    let samples: Vec<&IntervalSample> = timeline
+        .iter()
+        .filter(|sample| sample.t_s > from_s && sample.t_s - 1.0 < to_s)
+        .collect();
+    let min_ops = samples
+        .iter()
+        .map(|sample| sample.ops_per_s)
+        .fold(f64::INFINITY, f64::min);
+    let max_p99 = samples
+        .iter()
+        .map(|sample| sample.p99_us)
+        .max()
+        .unwrap_or(0);
+    let max_us = samples
+        .iter()
+        .map(|sample| sample.max_us)
+        .max()
+        .unwrap_or(0);
+    json!({
+        "seconds": samples.len(),
+        "min_ops_per_s": if min_ops.is_finite() { json!(min_ops) } else { Value::Null },
+        "max_interval_p99_us": max_p99,
+        "max_latency_us": max_us,
+    })
 }
 
 #[cfg(test)]

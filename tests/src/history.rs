@@ -83,6 +83,8 @@ pub enum OpKind {
     Release,
     /// Get (linearizable read).
     Get,
+    /// Transfer: end the named lease and grant the resource to [`OpRecord::new_holder`] at once.
+    Transfer,
 }
 
 /// A lease as a read saw it.
@@ -105,7 +107,7 @@ pub struct ViewRecord {
 /// What an operation returned.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
-    /// Acquire or Renew succeeded.
+    /// Acquire or Renew succeeded, or Transfer did (then the lease is the new holder's).
     Granted {
         /// The lease.
         lease: LeaseRef,
@@ -192,10 +194,13 @@ pub struct OpRecord {
     pub kind: OpKind,
     /// The request id (every attempt of the operation sent the same one).
     pub request_id: Option<String>,
-    /// The lease a Renew or Release names.
+    /// The lease a Renew, Release or Transfer names.
     pub lease: Option<LeaseRef>,
-    /// Requested ttl (Acquire, Renew).
+    /// Requested ttl (Acquire, Renew, Transfer).
     pub ttl_ms: u64,
+    /// For Transfer: who holds the resource afterwards (the granted lease is theirs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_holder: Option<String>,
     /// When this re-sends an earlier operation's request id on purpose (an exactly-once probe):
     /// that operation's id. A replay must return the original outcome and change nothing.
     pub replay_of: Option<u64>,
@@ -251,6 +256,23 @@ pub struct FaultEvent {
     pub start: bool,
     /// What exactly (targets, amounts).
     pub detail: String,
+}
+
+impl OpRecord {
+    /// The holder of the lease a successful answer grants: the new holder for a Transfer, else
+    /// the holder that asked.
+    pub fn granted_holder(&self) -> &str {
+        match (self.kind, self.new_holder.as_deref()) {
+            (OpKind::Transfer, Some(new_holder)) => new_holder,
+            _ => &self.holder,
+        }
+    }
+
+    /// True for operations that end the lease they name when they take effect (Release and
+    /// Transfer).
+    pub fn ends_named_lease(&self) -> bool {
+        matches!(self.kind, OpKind::Release | OpKind::Transfer)
+    }
 }
 
 /// Everything one run recorded.

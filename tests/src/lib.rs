@@ -10,6 +10,8 @@
 //! - [`checker`]: the lease-safety checker (single holder, fencing, nothing acknowledged lost,
 //!   exactly-once, linearizability, liveness after heal), each violation with its slice of
 //!   history. Pure: the deterministic simulation will share it.
+//! - [`faults`]: the one list of fault kinds, with one name each, that the fault suite and the
+//!   simulation share.
 //! - [`fencing`]: the toy downstream store that rejects stale tokens.
 //! - [`harness`]: real node processes, network namespaces and iptables (or the nodes' fault
 //!   layer), client processes, the seeded nemesis, one run end to end.
@@ -23,6 +25,7 @@
 //! This crate must never be a dependency of a shipped crate.
 
 pub mod checker;
+pub mod faults;
 pub mod fencing;
 pub mod harness;
 pub mod history;

@@ -247,12 +247,14 @@ async fn main() -> Result<()> {
                         continue;
                     }
                     target = node;
-                    bodies.push(RequestBody::Acquire(AcquireRequest {
-                        key: ResourceKey::new("probe", resource),
-                        holder_id: format!("w{worker}"),
-                        ttl_ms,
-                        request_id: format!("r{n}"),
-                    }));
+                    bodies.push(RequestBody::Lease(tenure_core::LeaseOp::Acquire(
+                        AcquireRequest {
+                            key: ResourceKey::new("probe", resource),
+                            holder_id: format!("w{worker}"),
+                            ttl_ms,
+                            request_id: format!("r{n}"),
+                        },
+                    )));
                 }
                 let sent = Instant::now();
                 let outcomes = call_many(&target.connection, n, bodies).await;

@@ -1,5 +1,6 @@
-//! [`Client`]: routes each call to its group's leader, retries safely, and hands out
-//! auto-renewing [`Lease`] handles.
+//! [`Client`]: routes each call to its group's leader and retries safely. The calls that make
+//! auto-renewing [`crate::Lease`] handles are in `lease`; connecting (and starting the renewer)
+//! is in `connect`.
 //!
 //! Every call has an overall deadline (`call_timeout`) and an attempt cap; retries reuse the
 //! request's `request_id`, so a request whose answer was lost is answered by the group's stored
@@ -8,7 +9,9 @@
 //! an unreachable leader refreshes the routing table from any node; while no leader is known the
 //! request goes to any node with `forward` set.
 //!
-//! Must not depend on: the lease renewal schedule (in `renewer`), or any server crate.
+//! Must not depend on: the lease handle (`lease`), the renewal schedule (`renewer`) or
+//! connecting (`connect`), nor any server crate. It talks to the renewer only through
+//! `handle`'s commands.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -16,11 +19,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use rand::Rng as _;
 use rand::rngs::SmallRng;
-use rand::{Rng as _, SeedableRng as _};
 use tenure_core::{
     AcquireRequest, ErrorCode, LeaseGrant, LeaseId, LeaseOp, LeaseReply, ListPage, ListRequest,
     ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey,
+    TransferRequest,
 };
 use tenure_proto::client::{
     GetResult, LeaseResult, NodeStatus, Principal, Request, RequestBody, RequestFlags,
@@ -31,13 +35,9 @@ use tracing::debug;
 
 use crate::config::{ClientConfig, Credentials};
 use crate::error::ClientError;
-use crate::lease::{Lease, LeaseShared};
-use crate::link::{FaultInjector, LinkError, LinkSettings, NodeLink, quic_client_configs};
-use crate::renewer::{RenewerCommand, run_renewer};
+use crate::handle::RenewerCommand;
+use crate::link::{FaultInjector, LinkError, LinkSettings, NodeLink};
 use crate::routing::{NodeInfo, RoutingState};
-
-/// Capacity of the renewer's command queue (registrations and releases of lease handles).
-const RENEWER_QUEUE: usize = 65_536;
 
 /// A successful Acquire or Renew, with the client-side safe deadline.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +81,16 @@ pub struct Grant {
     pub remaining_ttl_ms: u64,
     /// For a replay: how the original grant stood when the retry was answered.
     pub replay: Option<ReplayState>,
+}
+
+/// A successful transfer: the lease that ended and the new holder's grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transferred {
+    /// The previous holder's lease, ended at the transfer's log time.
+    pub released: ReleaseReceipt,
+    /// The new holder's lease (its `holder_id` is the new holder), with a safe deadline counted
+    /// from the transfer's send time.
+    pub grant: Grant,
 }
 
 /// The ttl a grant's safe window counts from: the full ttl of a fresh grant; for a replay, what
@@ -205,23 +215,23 @@ pub struct ClientStats {
 
 pub(crate) struct ClientInner {
     pub(crate) config: ClientConfig,
-    endpoint: quinn::Endpoint,
-    strict_tls: quinn::ClientConfig,
-    link_settings: LinkSettings,
-    routing: RwLock<RoutingState>,
-    links: Mutex<BTreeMap<u64, Arc<NodeLink>>>,
-    bootstrap_links: Vec<Arc<NodeLink>>,
-    refresh: tokio::sync::Mutex<Option<Instant>>,
-    client_id: u64,
-    next_request: AtomicU64,
-    next_node: AtomicUsize,
-    rng: Mutex<SmallRng>,
+    pub(crate) endpoint: quinn::Endpoint,
+    pub(crate) strict_tls: quinn::ClientConfig,
+    pub(crate) link_settings: LinkSettings,
+    pub(crate) routing: RwLock<RoutingState>,
+    pub(crate) links: Mutex<BTreeMap<u64, Arc<NodeLink>>>,
+    pub(crate) bootstrap_links: Vec<Arc<NodeLink>>,
+    pub(crate) refresh: tokio::sync::Mutex<Option<Instant>>,
+    pub(crate) client_id: u64,
+    pub(crate) next_request: AtomicU64,
+    pub(crate) next_node: AtomicUsize,
+    pub(crate) rng: Mutex<SmallRng>,
     pub(crate) renewer: mpsc::Sender<RenewerCommand>,
     pub(crate) counters: ClientCounters,
     pub(crate) leases_held: AtomicU64,
     pub(crate) leases_at_risk: AtomicU64,
-    faults: Arc<FaultInjector>,
-    closed: AtomicBool,
+    pub(crate) faults: Arc<FaultInjector>,
+    pub(crate) closed: AtomicBool,
 }
 
 /// The tenure client. Cheap to clone; clones share connections, routing and the renewer.
@@ -245,120 +255,6 @@ struct Target {
 }
 
 impl Client {
-    /// Connects: checks the configuration, opens a QUIC endpoint, and fetches the routing table
-    /// from the first endpoint that answers. Must run inside a tokio runtime.
-    pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
-        config.validate()?;
-        let bind: SocketAddr = if config.endpoints.iter().all(|e| e.addr.is_ipv6()) {
-            SocketAddr::from(([0u16; 8], 0))
-        } else {
-            SocketAddr::from(([0u8; 4], 0))
-        };
-        let endpoint = quinn::Endpoint::client(bind)
-            .map_err(|error| ClientError::Config(format!("opening a UDP socket: {error}")))?;
-        Self::connect_on_endpoint(config, endpoint).await
-    }
-
-    /// Like [`Client::connect`] on a QUIC endpoint the caller made (over a simulated socket,
-    /// say). The client dials from it and closes it in [`Client::close`].
-    pub async fn connect_on_endpoint(
-        config: ClientConfig,
-        endpoint: quinn::Endpoint,
-    ) -> Result<Client, ClientError> {
-        config.validate()?;
-        let (strict_tls, bootstrap_tls) = quic_client_configs(&config.ca_cert_pem)?;
-        let link_settings = LinkSettings {
-            lanes: config.lanes_per_node,
-            frame_requests_max: config.frame_requests_max,
-            inflight_max: config.inflight_per_node_max,
-            connect_timeout: config.attempt_timeout,
-            token: match &config.credentials {
-                Credentials::Token(token) => Some(token.clone()),
-                Credentials::InsecureDev { .. } => None,
-            },
-        };
-        let faults = Arc::new(FaultInjector::default());
-        let mut links = BTreeMap::new();
-        let mut bootstrap_links = Vec::new();
-        for endpoint_config in &config.endpoints {
-            let link = Arc::new(NodeLink::new(
-                endpoint_config.node_id,
-                endpoint_config.addr,
-                endpoint.clone(),
-                if endpoint_config.node_id.is_some() {
-                    strict_tls.clone()
-                } else {
-                    bootstrap_tls.clone()
-                },
-                link_settings.clone(),
-                faults.clone(),
-            ));
-            match endpoint_config.node_id {
-                Some(id) => {
-                    links.insert(id, link);
-                }
-                None => bootstrap_links.push(link),
-            }
-        }
-        let seed = config
-            .seed
-            .unwrap_or_else(|| SmallRng::from_os_rng().random());
-        let rng = SmallRng::seed_from_u64(seed);
-        // Request ids start with the client id, so it never comes from the (possibly fixed)
-        // jitter seed: two clients with one seed must still never share a request id.
-        let client_id = config
-            .client_id
-            .unwrap_or_else(|| SmallRng::from_os_rng().random());
-        let (renewer, commands) = mpsc::channel(RENEWER_QUEUE);
-        let inner = Arc::new(ClientInner {
-            config,
-            endpoint,
-            strict_tls,
-            link_settings,
-            routing: RwLock::new(RoutingState::default()),
-            links: Mutex::new(links),
-            bootstrap_links,
-            refresh: tokio::sync::Mutex::new(None),
-            client_id,
-            next_request: AtomicU64::new(1),
-            next_node: AtomicUsize::new(0),
-            rng: Mutex::new(rng),
-            renewer,
-            counters: ClientCounters::default(),
-            leases_held: AtomicU64::new(0),
-            leases_at_risk: AtomicU64::new(0),
-            faults,
-            closed: AtomicBool::new(false),
-        });
-        tokio::spawn(run_renewer(Arc::downgrade(&inner), commands));
-        let client = Client { inner };
-        let call_timeout = client.inner.config.call_timeout;
-        match tokio::time::timeout(call_timeout, client.refresh_routing()).await {
-            Ok(Ok(())) => Ok(client),
-            Ok(Err(error)) => {
-                client.close().await;
-                Err(error)
-            }
-            Err(_) => {
-                client.close().await;
-                Err(ClientError::DeadlineExceeded {
-                    timeout_ms: u64::try_from(call_timeout.as_millis()).unwrap_or(u64::MAX),
-                    attempts: 1,
-                    last: "no node answered the routing request".to_string(),
-                })
-            }
-        }
-    }
-
-    /// Reads `cluster.json` (see [`ClientConfig::from_cluster_file`]) and connects with the
-    /// defaults.
-    pub async fn from_cluster_file(
-        path: &std::path::Path,
-        credentials: Credentials,
-    ) -> Result<Client, ClientError> {
-        Client::connect(ClientConfig::from_cluster_file(path, credentials)?).await
-    }
-
     /// The configuration in use.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.config
@@ -385,63 +281,18 @@ impl Client {
         }
     }
 
-    /// Acquires a lease and returns a handle that renews it automatically (see [`Lease`]).
-    /// `ALREADY_HELD` comes back as an error whose [`ClientError::current_holder`] names the
-    /// holder.
-    ///
-    /// The client retries within the call with one generated request id. A caller that wants to
-    /// retry after the call failed (deadline passed, say) should use [`Client::acquire_with`]
-    /// with its own [`AcquireOptions::request_id`]: a new id could find its own earlier,
-    /// applied attempt holding the resource (`ALREADY_HELD` naming itself).
-    pub async fn acquire(
-        &self,
-        tenant_id: impl Into<String>,
-        resource_id: impl Into<String>,
-        holder_id: impl Into<String>,
-        ttl: Duration,
-    ) -> Result<Lease, ClientError> {
-        self.acquire_with(AcquireOptions::new(tenant_id, resource_id, holder_id, ttl))
-            .await
-    }
-
-    /// Acquires with explicit options.
-    ///
-    /// When the answer replays an earlier attempt whose grant has nothing left (see
-    /// [`Grant::safe_deadline`]), the lease is renewed once right away to learn a deadline; if it
-    /// ended meanwhile, that renewal's error is returned.
-    pub async fn acquire_with(&self, options: AcquireOptions) -> Result<Lease, ClientError> {
-        let auto_renew = options.auto_renew;
-        let mut grant = self.acquire_grant(options).await?;
-        if grant.replayed && grant.safe_deadline <= grant.sent_at {
-            let renewed = self
-                .renew(
-                    grant.key.clone(),
-                    grant.lease_id,
-                    grant.holder_id.clone(),
-                    Duration::from_millis(grant.ttl_ms),
-                    None,
-                )
-                .await?;
-            grant = Grant {
-                replayed: true,
-                ..renewed
-            };
-        }
-        Ok(LeaseShared::start(self.clone(), grant, auto_renew).await)
-    }
-
     /// Acquires without a handle: nothing renews or releases the lease afterwards (for tools
     /// such as `tenurectl`, and for callers that manage renewal themselves).
     pub async fn acquire_grant(&self, options: AcquireOptions) -> Result<Grant, ClientError> {
         let ttl_ms = u64::try_from(options.ttl.as_millis()).unwrap_or(u64::MAX);
         let request_id = options.request_id.unwrap_or_else(|| self.new_request_id());
         let sent_at = crate::time::now();
-        let body = RequestBody::Acquire(AcquireRequest {
+        let body = RequestBody::Lease(LeaseOp::Acquire(AcquireRequest {
             key: options.key.clone(),
             holder_id: options.holder_id.clone(),
             ttl_ms,
             request_id: request_id.clone(),
-        });
+        }));
         let result = self.lease_call(&options.key, body).await?;
         self.grant_from(options.key, options.holder_id, request_id, sent_at, result)
     }
@@ -458,13 +309,13 @@ impl Client {
         let holder_id = holder_id.into();
         let request_id = request_id.unwrap_or_else(|| self.new_request_id());
         let sent_at = crate::time::now();
-        let body = RequestBody::Renew(RenewRequest {
+        let body = RequestBody::Lease(LeaseOp::Renew(RenewRequest {
             key: key.clone(),
             lease_id,
             holder_id: holder_id.clone(),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             request_id: request_id.clone(),
-        });
+        }));
         let result = self.lease_call(&key, body).await?;
         self.grant_from(key, holder_id, request_id, sent_at, result)
     }
@@ -477,12 +328,12 @@ impl Client {
         holder_id: impl Into<String>,
         request_id: Option<String>,
     ) -> Result<ReleaseReceipt, ClientError> {
-        let body = RequestBody::Release(ReleaseRequest {
+        let body = RequestBody::Lease(LeaseOp::Release(ReleaseRequest {
             key: key.clone(),
             lease_id,
             holder_id: holder_id.into(),
             request_id: request_id.unwrap_or_else(|| self.new_request_id()),
-        });
+        }));
         match self.lease_call(&key, body).await?.reply {
             LeaseReply::Released(receipt) => {
                 self.note_released(receipt.lease_id).await;
@@ -492,6 +343,48 @@ impl Client {
                 "Release answered with {other:?}"
             ))),
         }
+    }
+
+    /// Hands the lease `lease_id` of `holder_id` to `new_holder_id` in one step: the old lease
+    /// ends and the new holder's begins in the same log entry, so nobody else can take the
+    /// resource in between. The new lease has a new id and a fencing token above every earlier
+    /// one, and `ttl` counted from the transfer. A handle of the old lease in this client stops
+    /// renewing it.
+    ///
+    /// The returned [`Transferred::grant`] is the new holder's, with a safe deadline counted
+    /// from this call's send time: a new holder in this process can keep it with
+    /// [`Client::adopt_grant`]; one elsewhere takes it over with [`Client::adopt`].
+    pub async fn transfer(
+        &self,
+        key: ResourceKey,
+        lease_id: LeaseId,
+        holder_id: impl Into<String>,
+        new_holder_id: impl Into<String>,
+        ttl: Duration,
+        request_id: Option<String>,
+    ) -> Result<Transferred, ClientError> {
+        let new_holder_id = new_holder_id.into();
+        let request_id = request_id.unwrap_or_else(|| self.new_request_id());
+        let sent_at = crate::time::now();
+        let body = RequestBody::Lease(LeaseOp::Transfer(TransferRequest {
+            key: key.clone(),
+            lease_id,
+            holder_id: holder_id.into(),
+            new_holder_id: new_holder_id.clone(),
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            request_id: request_id.clone(),
+        }));
+        let result = self.lease_call(&key, body).await?;
+        let LeaseReply::Transferred(receipt) = &result.reply else {
+            return Err(ClientError::Protocol(format!(
+                "Transfer answered with {:?}",
+                result.reply
+            )));
+        };
+        let released = receipt.released.clone();
+        self.note_released(released.lease_id).await;
+        let grant = self.grant_from(key, new_holder_id, request_id, sent_at, result)?;
+        Ok(Transferred { released, grant })
     }
 
     /// Reads a resource's lease from its group's leader (linearizable).
@@ -620,8 +513,8 @@ impl Client {
         {
             ResponseBody::Batch(results) if results.len() == count => {
                 for result in results.iter().flatten() {
-                    if let LeaseReply::Released(receipt) = &result.reply {
-                        self.note_released(receipt.lease_id).await;
+                    if let Some(ended) = result.reply.ended() {
+                        self.note_released(ended.lease_id).await;
                     }
                 }
                 Ok(results
@@ -958,9 +851,9 @@ impl Client {
         sent_at: Instant,
         result: LeaseResult,
     ) -> Result<Grant, ClientError> {
-        let (LeaseReply::Acquired(grant) | LeaseReply::Renewed(grant)) = result.reply else {
+        let Some(grant) = result.reply.grant() else {
             return Err(ClientError::Protocol(
-                "Acquire or Renew answered with a release".into(),
+                "a granting operation answered with a release".into(),
             ));
         };
         Ok(self.make_grant(
@@ -968,7 +861,7 @@ impl Client {
             holder_id,
             request_id,
             sent_at,
-            &grant,
+            grant,
             result.group_id,
             (result.replayed, result.replay),
         ))

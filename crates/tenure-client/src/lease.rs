@@ -1,148 +1,21 @@
 //! [`Lease`]: the handle `Client::acquire` returns. It knows the lease's id, fencing token, ttl
-//! and safe deadline, is renewed by the client's renewer, signals loss, and releases.
+//! and safe deadline, is renewed by the client's renewer, signals loss, releases and transfers.
+//! The calls that produce handles (`Client::acquire`, `acquire_with`, `adopt`, `adopt_grant`)
+//! live here too, so that `client` never needs this module.
 //!
-//! Must not depend on: connections (it asks the client and the renewer).
+//! Must not depend on: connections or the renewer's internals (it asks the client, and talks
+//! to the renewer through `handle`'s commands).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tenure_core::{ErrorCode, LeaseId, ReleaseReceipt, ResourceKey};
+use tenure_core::{ErrorCode, LeaseId, LeaseStatus, ReleaseReceipt, ResourceKey};
 use tokio::sync::watch;
 
-use crate::client::{Client, Grant};
+use crate::client::{AcquireOptions, Client, Grant, Transferred};
 use crate::error::ClientError;
-use crate::renewer::RenewerCommand;
-
-/// Where a lease handle stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseState {
-    /// Held: renewals are confirmed in time (check [`Lease::is_valid`] before acting).
-    Held,
-    /// Lost: the holder must stop acting as holder now.
-    Lost(LossReason),
-    /// Released by this handle.
-    Released,
-}
-
-/// Why a lease was lost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LossReason {
-    /// The safe deadline (less the loss-signal lead) came without a confirmed renewal: renewals
-    /// failed or got no answer (a partition, a pause, an overloaded cluster). The lease may
-    /// still be alive on the servers, but this holder can no longer be sure.
-    DeadlineWithoutRenewal,
-    /// The cluster refused a renewal: the lease expired, was released, or is not this holder's
-    /// (`LEASE_EXPIRED`, `LEASE_MISMATCH`, `NOT_FOUND`).
-    Rejected {
-        /// The error code.
-        code: ErrorCode,
-        /// The server's message.
-        message: String,
-    },
-    /// The client was closed.
-    ClientClosed,
-}
-
-impl std::fmt::Display for LossReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LossReason::DeadlineWithoutRenewal => {
-                f.write_str("no renewal was confirmed before the safe deadline")
-            }
-            LossReason::Rejected { code, message } => {
-                write!(f, "renewal refused: {code}: {message}")
-            }
-            LossReason::ClientClosed => f.write_str("the client was closed"),
-        }
-    }
-}
-
-#[derive(Debug)]
-pub(crate) struct LeaseTiming {
-    pub safe_deadline: Instant,
-    pub last_sent_at: Instant,
-    pub renewals: u64,
-}
-
-/// What the handle and the renewer share.
-#[derive(Debug)]
-pub(crate) struct LeaseShared {
-    pub id: u64,
-    pub key: ResourceKey,
-    pub holder_id: String,
-    pub lease_id: LeaseId,
-    pub fencing_token: u64,
-    pub ttl_ms: u64,
-    pub group_id: u32,
-    pub replayed: bool,
-    pub timing: Mutex<LeaseTiming>,
-    pub state: watch::Sender<LeaseState>,
-    /// Set by the renewer while a renewal is overdue (see [`Lease::at_risk`]).
-    pub at_risk: AtomicBool,
-}
-
-impl LeaseShared {
-    pub(crate) async fn start(client: Client, grant: Grant, auto_renew: bool) -> Lease {
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let shared = Arc::new(LeaseShared {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            key: grant.key,
-            holder_id: grant.holder_id,
-            lease_id: grant.lease_id,
-            fencing_token: grant.fencing_token,
-            ttl_ms: grant.ttl_ms,
-            group_id: grant.group_id,
-            replayed: grant.replayed,
-            timing: Mutex::new(LeaseTiming {
-                safe_deadline: grant.safe_deadline,
-                last_sent_at: grant.sent_at,
-                renewals: 0,
-            }),
-            state: watch::Sender::new(LeaseState::Held),
-            at_risk: AtomicBool::new(false),
-        });
-        let registered = client
-            .inner
-            .renewer
-            .send(RenewerCommand::Register {
-                lease: shared.clone(),
-                auto_renew,
-            })
-            .await;
-        if registered.is_err() {
-            shared.mark(LeaseState::Lost(LossReason::ClientClosed));
-        }
-        Lease {
-            shared,
-            client,
-            finished: false,
-        }
-    }
-
-    pub(crate) fn safe_deadline(&self) -> Instant {
-        self.timing.lock().map_or_else(
-            |poisoned| poisoned.into_inner().safe_deadline,
-            |t| t.safe_deadline,
-        )
-    }
-
-    /// Moves a held lease to `state`; a lease that is no longer held stays as it is.
-    pub(crate) fn mark(&self, state: LeaseState) -> bool {
-        self.state.send_if_modified(|current| {
-            if *current == LeaseState::Held && state != LeaseState::Held {
-                *current = state;
-                true
-            } else {
-                false
-            }
-        })
-    }
-
-    pub(crate) fn is_held(&self) -> bool {
-        *self.state.borrow() == LeaseState::Held
-    }
-}
+use crate::handle::{LeaseShared, LeaseState, LeaseTiming, LossReason, RenewerCommand};
 
 /// A held lease, renewed automatically until it is released, lost or dropped.
 ///
@@ -311,6 +184,34 @@ impl Lease {
         receipt
     }
 
+    /// Hands the lease to `new_holder_id` in one step (see [`Client::transfer`]): this handle
+    /// stops renewing and ends as [`LeaseState::Released`]; the answer carries the new holder's
+    /// grant (new lease id, higher fencing token, `ttl` from the transfer). On an error the
+    /// handle is finished all the same (stop acting as holder): a transfer whose answer was lost
+    /// may have taken effect, and the client's retries use one request id, so it never applies
+    /// twice.
+    pub async fn transfer(
+        mut self,
+        new_holder_id: impl Into<String>,
+        ttl: Duration,
+    ) -> Result<Transferred, ClientError> {
+        self.finished = true;
+        self.unregister(false);
+        let transferred = self
+            .client
+            .transfer(
+                self.shared.key.clone(),
+                self.shared.lease_id,
+                self.shared.holder_id.clone(),
+                new_holder_id,
+                ttl,
+                None,
+            )
+            .await;
+        self.shared.mark(LeaseState::Released);
+        transferred
+    }
+
     /// Stops renewing without releasing: the lease ends when its ttl runs out (unless someone
     /// renews it with its id and holder). Returns the lease id and fencing token.
     pub fn detach(mut self) -> (LeaseId, u64) {
@@ -334,6 +235,138 @@ impl Lease {
                 });
             }
         }
+    }
+}
+
+impl Client {
+    /// Acquires a lease and returns a handle that renews it automatically (see [`Lease`]).
+    /// `ALREADY_HELD` comes back as an error whose [`ClientError::current_holder`] names the
+    /// holder.
+    ///
+    /// The client retries within the call with one generated request id. A caller that wants to
+    /// retry after the call failed (deadline passed, say) should use [`Client::acquire_with`]
+    /// with its own [`AcquireOptions::request_id`]: a new id could find its own earlier,
+    /// applied attempt holding the resource (`ALREADY_HELD` naming itself).
+    pub async fn acquire(
+        &self,
+        tenant_id: impl Into<String>,
+        resource_id: impl Into<String>,
+        holder_id: impl Into<String>,
+        ttl: Duration,
+    ) -> Result<Lease, ClientError> {
+        self.acquire_with(AcquireOptions::new(tenant_id, resource_id, holder_id, ttl))
+            .await
+    }
+
+    /// Acquires with explicit options.
+    ///
+    /// When the answer replays an earlier attempt whose grant has nothing left (see
+    /// [`Grant::safe_deadline`]), the lease is renewed once right away to learn a deadline; if it
+    /// ended meanwhile, that renewal's error is returned.
+    pub async fn acquire_with(&self, options: AcquireOptions) -> Result<Lease, ClientError> {
+        let auto_renew = options.auto_renew;
+        let mut grant = self.acquire_grant(options).await?;
+        if grant.replayed && grant.safe_deadline <= grant.sent_at {
+            let renewed = self
+                .renew(
+                    grant.key.clone(),
+                    grant.lease_id,
+                    grant.holder_id.clone(),
+                    Duration::from_millis(grant.ttl_ms),
+                    None,
+                )
+                .await?;
+            grant = Grant {
+                replayed: true,
+                ..renewed
+            };
+        }
+        Ok(start_handle(self.clone(), grant, auto_renew).await)
+    }
+
+    /// A renewing handle for a grant this client obtained (the new holder's grant of a
+    /// [`Client::transfer`] made in this process, or an [`Client::acquire_grant`]).
+    pub async fn adopt_grant(&self, grant: Grant) -> Lease {
+        start_handle(self.clone(), grant, true).await
+    }
+
+    /// Takes over the resource's active lease held under `holder_id`: the receiving side of a
+    /// transfer made elsewhere. Reads the lease (linearizably), renews it with `ttl` so that the
+    /// safe deadline counts from a request this client sent, and returns a renewing handle.
+    /// `NOT_FOUND` when the resource has no lease, `LEASE_MISMATCH` when its active lease is not
+    /// `holder_id`'s (or none is active).
+    pub async fn adopt(
+        &self,
+        key: ResourceKey,
+        holder_id: impl Into<String>,
+        ttl: Duration,
+    ) -> Result<Lease, ClientError> {
+        let holder_id = holder_id.into();
+        let refused = |code: ErrorCode, message: String| ClientError::Server {
+            code,
+            message,
+            retryable: false,
+            lease_error: None,
+            retry_after_ms: None,
+        };
+        let Some(view) = self.get(&key).await?.view else {
+            return Err(refused(
+                ErrorCode::NotFound,
+                format!("{}/{} has no lease", key.tenant_id, key.resource_id),
+            ));
+        };
+        if view.status != LeaseStatus::Active || view.holder_id != holder_id {
+            return Err(refused(
+                ErrorCode::LeaseMismatch,
+                format!(
+                    "{}/{}: the lease is {} and {}'s, not an active lease of {holder_id}",
+                    key.tenant_id,
+                    key.resource_id,
+                    view.status.as_str(),
+                    view.holder_id
+                ),
+            ));
+        }
+        let grant = self.renew(key, view.lease_id, holder_id, ttl, None).await?;
+        Ok(self.adopt_grant(grant).await)
+    }
+}
+
+/// Starts a handle for `grant`: registers it with the client's renewer.
+pub(crate) async fn start_handle(client: Client, grant: Grant, auto_renew: bool) -> Lease {
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let shared = Arc::new(LeaseShared {
+        id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        key: grant.key,
+        holder_id: grant.holder_id,
+        lease_id: grant.lease_id,
+        fencing_token: grant.fencing_token,
+        ttl_ms: grant.ttl_ms,
+        group_id: grant.group_id,
+        replayed: grant.replayed,
+        timing: Mutex::new(LeaseTiming {
+            safe_deadline: grant.safe_deadline,
+            last_sent_at: grant.sent_at,
+            renewals: 0,
+        }),
+        state: watch::Sender::new(LeaseState::Held),
+        at_risk: AtomicBool::new(false),
+    });
+    let registered = client
+        .inner
+        .renewer
+        .send(RenewerCommand::Register {
+            lease: shared.clone(),
+            auto_renew,
+        })
+        .await;
+    if registered.is_err() {
+        shared.mark(LeaseState::Lost(LossReason::ClientClosed));
+    }
+    Lease {
+        shared,
+        client,
+        finished: false,
     }
 }
 

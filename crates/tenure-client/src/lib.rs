@@ -6,6 +6,9 @@
 //! retries what may be retried (same request id, so nothing applies twice), within a deadline
 //! and an attempt cap, and returns typed errors that say whether a retry may help.
 //!
+//! [`Client::transfer`] (or [`Lease::transfer`]) hands a lease to a named new holder in one
+//! step, with a new fencing token; the new holder takes it over with [`Client::adopt`].
+//!
 //! [`Client::acquire`] returns a [`Lease`]: fencing token, ttl, and the **safe deadline** of the
 //! contract (section 5), computed from the local monotonic time the request was sent. The client
 //! renews every lease by itself, coalescing renewals that fall due together into one Batch
@@ -37,19 +40,22 @@
 
 mod client;
 mod config;
+mod connect;
 mod error;
+mod handle;
 mod lease;
 mod link;
 mod renewer;
 mod routing;
 mod time;
 
-pub use client::{AcquireOptions, Client, ClientStats, Grant, RoutingSnapshot};
+pub use client::{AcquireOptions, Client, ClientStats, Grant, RoutingSnapshot, Transferred};
 pub use config::{
     ClientConfig, ClusterFile, Credentials, Endpoint, RenewPolicy, RetryPolicy, SafetyPolicy,
 };
 pub use error::ClientError;
-pub use lease::{Lease, LeaseState, LossReason};
+pub use handle::{LeaseState, LossReason};
+pub use lease::Lease;
 pub use link::FaultInjector;
 pub use routing::{LeaderEntry, NodeInfo, RoutingState};
 pub use tenure_core::{

@@ -26,44 +26,12 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tenure_core::{LeaseId, LeaseOp, LeaseReply, RenewRequest};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc};
 use tracing::debug;
 
 use crate::client::{Client, ClientInner};
 use crate::error::ClientError;
-use crate::lease::{LeaseShared, LeaseState, LossReason};
-
-/// What the renewer is told.
-pub(crate) enum RenewerCommand {
-    /// Start watching (and, with `auto_renew`, renewing) a lease.
-    Register {
-        lease: Arc<LeaseShared>,
-        auto_renew: bool,
-    },
-    /// Stop; with `release`, release the lease if it is still held.
-    Unregister { id: u64, release: bool },
-    /// A renewal batch finished.
-    Done(Vec<(u64, RenewOutcome)>),
-    /// The lease was released through this client (by any path): every handle of it is
-    /// released.
-    Released { lease_id: LeaseId },
-    /// Release every held lease, then stop.
-    Shutdown { done: oneshot::Sender<()> },
-}
-
-/// The outcome of one renewal.
-pub(crate) enum RenewOutcome {
-    /// Renewed; the request was first sent at `sent_at`, and the answer leaves `window_ttl_ms`
-    /// to count the safe window from (the ttl, or for a replayed answer what was left of it).
-    Renewed {
-        sent_at: Instant,
-        window_ttl_ms: u64,
-    },
-    /// The cluster refused it for good.
-    Gone(ClientError),
-    /// No answer or a retryable error: try again soon.
-    Retry,
-}
+use crate::handle::{LeaseShared, LeaseState, LossReason, RenewOutcome, RenewerCommand};
 
 /// A batch looks at no more than this many times `batch_ops_max` queued leases (leases inside
 /// the coalescing window but outside their own, shorter one are looked at and left).
@@ -585,12 +553,13 @@ impl Renewer {
 
 async fn release_in_background(client: Client, lease: Arc<LeaseShared>) {
     let deadline = crate::time::now() + client.config().attempt_timeout;
-    let body = tenure_proto::client::RequestBody::Release(tenure_core::ReleaseRequest {
-        key: lease.key.clone(),
-        lease_id: lease.lease_id,
-        holder_id: lease.holder_id.clone(),
-        request_id: client.new_request_id(),
-    });
+    let body =
+        tenure_proto::client::RequestBody::Lease(LeaseOp::Release(tenure_core::ReleaseRequest {
+            key: lease.key.clone(),
+            lease_id: lease.lease_id,
+            holder_id: lease.holder_id.clone(),
+            request_id: client.new_request_id(),
+        }));
     let result = client
         .call_until(
             Some(lease.group_id),

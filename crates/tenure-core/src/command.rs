@@ -58,6 +58,13 @@ pub enum Command {
 }
 
 /// A client lease operation. Each carries a request id scoped to its resource.
+///
+/// This enum is the one definition of the operation set: the wire request carries it unchanged
+/// (`tenure-proto`'s `RequestBody::Lease`), the server routes, sizes, admits and deduplicates it
+/// through [`LeaseOp::parts`] and [`LeaseOp::kind`], and the state machine applies it. Adding an
+/// operation means a variant here, its arm in [`LeaseOp::parts`] and in the state machine's
+/// apply, and its [`LeaseReply`]; the compiler points at every other place that must decide
+/// something about it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LeaseOp {
     /// Grant the resource to a holder if no lease on it is active.
@@ -66,34 +73,159 @@ pub enum LeaseOp {
     Renew(RenewRequest),
     /// End the current lease now.
     Release(ReleaseRequest),
+    /// End the current lease and grant the resource to a named new holder in the same step (no
+    /// moment in between at which anyone else could acquire it), with a new fencing token.
+    Transfer(TransferRequest),
 }
 
-impl LeaseOp {
-    /// The resource the operation is about.
-    pub fn key(&self) -> &ResourceKey {
+/// The kind of a [`LeaseOp`], without its fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseOpKind {
+    /// [`LeaseOp::Acquire`].
+    Acquire,
+    /// [`LeaseOp::Renew`].
+    Renew,
+    /// [`LeaseOp::Release`].
+    Release,
+    /// [`LeaseOp::Transfer`].
+    Transfer,
+}
+
+impl LeaseOpKind {
+    /// `Acquire`, `Renew`, `Release` or `Transfer` (logs, entry display).
+    pub fn name(self) -> &'static str {
         match self {
-            LeaseOp::Acquire(r) => &r.key,
-            LeaseOp::Renew(r) => &r.key,
-            LeaseOp::Release(r) => &r.key,
+            LeaseOpKind::Acquire => "Acquire",
+            LeaseOpKind::Renew => "Renew",
+            LeaseOpKind::Release => "Release",
+            LeaseOpKind::Transfer => "Transfer",
         }
     }
 
-    /// `Acquire`, `Renew` or `Release`.
-    pub fn kind_name(&self) -> &'static str {
+    /// The lower-case name used in metric labels and the HTTP routes (`acquire`, ...).
+    pub fn label(self) -> &'static str {
         match self {
-            LeaseOp::Acquire(_) => "Acquire",
-            LeaseOp::Renew(_) => "Renew",
-            LeaseOp::Release(_) => "Release",
+            LeaseOpKind::Acquire => "acquire",
+            LeaseOpKind::Renew => "renew",
+            LeaseOpKind::Release => "release",
+            LeaseOpKind::Transfer => "transfer",
         }
+    }
+
+    /// True when the operation may add an active lease to its tenant (admission control treats
+    /// such requests as new work; a transfer replaces one lease with another).
+    pub fn adds_lease(self) -> bool {
+        matches!(self, LeaseOpKind::Acquire)
+    }
+
+    /// Tag of the kind in the request-id fingerprint. Part of the snapshot format (request-id
+    /// records store fingerprints): never renumber.
+    pub(crate) fn fingerprint_tag(self) -> u8 {
+        match self {
+            LeaseOpKind::Acquire => 1,
+            LeaseOpKind::Renew => 2,
+            LeaseOpKind::Release => 3,
+            LeaseOpKind::Transfer => 4,
+        }
+    }
+}
+
+/// Every field of a [`LeaseOp`] that some layer treats alike across kinds, borrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseOpParts<'a> {
+    /// The kind.
+    pub kind: LeaseOpKind,
+    /// The resource.
+    pub key: &'a ResourceKey,
+    /// The holder acting (for Transfer: the current holder).
+    pub holder_id: &'a str,
+    /// The request id.
+    pub request_id: &'a str,
+    /// The lease the operation names (all but Acquire).
+    pub lease_id: Option<LeaseId>,
+    /// The ttl asked for (Acquire, Renew, Transfer).
+    pub ttl_ms: Option<u64>,
+    /// The holder the resource passes to (Transfer).
+    pub new_holder_id: Option<&'a str>,
+}
+
+impl LeaseOp {
+    /// The operation's fields, the one place that names each variant's fields.
+    pub fn parts(&self) -> LeaseOpParts<'_> {
+        match self {
+            LeaseOp::Acquire(r) => LeaseOpParts {
+                kind: LeaseOpKind::Acquire,
+                key: &r.key,
+                holder_id: &r.holder_id,
+                request_id: &r.request_id,
+                lease_id: None,
+                ttl_ms: Some(r.ttl_ms),
+                new_holder_id: None,
+            },
+            LeaseOp::Renew(r) => LeaseOpParts {
+                kind: LeaseOpKind::Renew,
+                key: &r.key,
+                holder_id: &r.holder_id,
+                request_id: &r.request_id,
+                lease_id: Some(r.lease_id),
+                ttl_ms: Some(r.ttl_ms),
+                new_holder_id: None,
+            },
+            LeaseOp::Release(r) => LeaseOpParts {
+                kind: LeaseOpKind::Release,
+                key: &r.key,
+                holder_id: &r.holder_id,
+                request_id: &r.request_id,
+                lease_id: Some(r.lease_id),
+                ttl_ms: None,
+                new_holder_id: None,
+            },
+            LeaseOp::Transfer(r) => LeaseOpParts {
+                kind: LeaseOpKind::Transfer,
+                key: &r.key,
+                holder_id: &r.holder_id,
+                request_id: &r.request_id,
+                lease_id: Some(r.lease_id),
+                ttl_ms: Some(r.ttl_ms),
+                new_holder_id: Some(&r.new_holder_id),
+            },
+        }
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> LeaseOpKind {
+        self.parts().kind
+    }
+
+    /// The resource the operation is about.
+    pub fn key(&self) -> &ResourceKey {
+        self.parts().key
+    }
+
+    /// `Acquire`, `Renew`, `Release` or `Transfer`.
+    pub fn kind_name(&self) -> &'static str {
+        self.kind().name()
     }
 
     /// The request id the operation carries.
     pub fn request_id(&self) -> &str {
-        match self {
-            LeaseOp::Acquire(r) => &r.request_id,
-            LeaseOp::Renew(r) => &r.request_id,
-            LeaseOp::Release(r) => &r.request_id,
-        }
+        self.parts().request_id
+    }
+
+    /// The holder acting.
+    pub fn holder_id(&self) -> &str {
+        self.parts().holder_id
+    }
+
+    /// Bytes of the operation's variable-length fields (ids and names): what its encoded size
+    /// grows with.
+    pub fn text_bytes(&self) -> usize {
+        let parts = self.parts();
+        parts.key.tenant_id.len()
+            + parts.key.resource_id.len()
+            + parts.holder_id.len()
+            + parts.request_id.len()
+            + parts.new_holder_id.map_or(0, str::len)
     }
 }
 
@@ -138,6 +270,23 @@ pub struct ReleaseRequest {
     pub request_id: String,
 }
 
+/// Input of Transfer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferRequest {
+    /// The resource.
+    pub key: ResourceKey,
+    /// The lease being handed over (must be the resource's active lease).
+    pub lease_id: LeaseId,
+    /// Its current holder.
+    pub holder_id: String,
+    /// Who holds the resource afterwards.
+    pub new_holder_id: String,
+    /// The new lease's ttl, counted from the entry's log time (within the tenant's bounds).
+    pub ttl_ms: u64,
+    /// Deduplication id, scoped to the resource.
+    pub request_id: String,
+}
+
 /// A successful lease operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LeaseReply {
@@ -147,6 +296,38 @@ pub enum LeaseReply {
     Renewed(LeaseGrant),
     /// Release ended the lease.
     Released(ReleaseReceipt),
+    /// Transfer ended the lease and granted a new one to the new holder.
+    Transferred(TransferReceipt),
+}
+
+impl LeaseReply {
+    /// The lease the reply leaves active, if any (Acquired, Renewed, and the new lease of
+    /// Transferred).
+    pub fn grant(&self) -> Option<&LeaseGrant> {
+        match self {
+            LeaseReply::Acquired(grant) | LeaseReply::Renewed(grant) => Some(grant),
+            LeaseReply::Transferred(receipt) => Some(&receipt.grant),
+            LeaseReply::Released(_) => None,
+        }
+    }
+
+    /// The lease the reply ended, if any (Released, and the old lease of Transferred).
+    pub fn ended(&self) -> Option<&ReleaseReceipt> {
+        match self {
+            LeaseReply::Released(receipt) => Some(receipt),
+            LeaseReply::Transferred(receipt) => Some(&receipt.released),
+            LeaseReply::Acquired(_) | LeaseReply::Renewed(_) => None,
+        }
+    }
+}
+
+/// The result of Transfer: the lease that ended and the one that began, at the same log time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferReceipt {
+    /// The previous holder's lease, ended at the transfer's log time.
+    pub released: ReleaseReceipt,
+    /// The new holder's lease: a new lease id and a fencing token above every earlier one.
+    pub grant: LeaseGrant,
 }
 
 /// The state of a lease after Acquire or Renew.

@@ -65,9 +65,10 @@ mod state;
 mod validate;
 
 pub use command::{
-    AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOutcome,
-    LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest, ReclaimedLease, ReleaseReceipt,
-    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus,
+    AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOpKind,
+    LeaseOpParts, LeaseOutcome, LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest,
+    ReclaimedLease, ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState, ReplayStatus,
+    TransferReceipt, TransferRequest,
 };
 pub use error::{ErrorCode, LeaseError, OverloadReason, QuotaKind};
 pub use ids::{GroupId, LeaseId, ResourceKey};
@@ -85,8 +86,8 @@ pub use placement::{
     PlacementError, PlacementMap, SLOT_COUNT_DEFAULT, SLOT_COUNT_MAX, key_hash, placement,
 };
 pub use state::{
-    LeaseStateMachine, SNAPSHOT_FORMAT_VERSION, SnapshotError, SnapshotStats, StateOptions,
-    StateStats,
+    LeaseStateMachine, SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN, SnapshotError,
+    SnapshotStats, StateOptions, StateStats,
 };
 pub use validate::{
     validate_holder_id, validate_request_id, validate_resource_id, validate_tenant_id,

@@ -81,6 +81,25 @@ impl Golden {
         committed
     }
 
+    /// The committed bytes of `NAME.hex` written by an older format version that this build
+    /// must still read: never compared with a new encoding and never rewritten when blessing
+    /// (the caller checks that they decode to what they should). A missing file is a failure.
+    ///
+    /// # Panics
+    /// When `name` was checked before.
+    pub fn legacy(&mut self, name: &str) -> Vec<u8> {
+        assert!(self.seen.insert(name.to_owned()), "golden {name} twice");
+        let path = self.dir.join(format!("{name}.hex"));
+        match read_hex_file(&path) {
+            Ok(committed) => committed,
+            Err(error) => {
+                self.failures
+                    .push(format!("{name} (legacy, never re-blessed): {error}"));
+                Vec::new()
+            }
+        }
+    }
+
     /// [`Golden::postcard`] for a type with `PartialEq`.
     pub fn value<T: Serialize + DeserializeOwned + PartialEq + Debug>(
         &mut self,

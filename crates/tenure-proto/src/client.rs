@@ -35,8 +35,8 @@
 
 use serde::{Deserialize, Serialize};
 use tenure_core::{
-    AcquireRequest, ErrorCode, LeaseError, LeaseOp, LeaseReply, LeaseView, ListPage, ListRequest,
-    ReleaseRequest, RenewRequest, ReplayState, ResourceKey,
+    ErrorCode, LeaseError, LeaseOp, LeaseReply, LeaseView, ListPage, ListRequest, ReplayState,
+    ResourceKey,
 };
 
 use crate::peer::ProtoError;
@@ -44,7 +44,7 @@ use crate::peer::ProtoError;
 /// ALPN protocol identifier of the native client protocol: `tenure-client/` and
 /// [`CLIENT_PROTOCOL_VERSION`] (the version is negotiated by the TLS handshake, so a client and a
 /// node of different versions fail to connect instead of misreading each other's frames).
-pub const CLIENT_ALPN: &[u8] = b"tenure-client/2";
+pub const CLIENT_ALPN: &[u8] = b"tenure-client/3";
 
 /// ALPN prefix every version of the client protocol shares.
 pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
@@ -54,7 +54,10 @@ pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
 ///
 /// - 1: the first version.
 /// - 2: [`RequestFlags::principal_claimed`] (a forwarded principal that was not authenticated).
-pub const CLIENT_PROTOCOL_VERSION: u16 = 2;
+/// - 3: one [`RequestBody::Lease`] carrying any [`LeaseOp`] replaces the `Acquire`, `Renew` and
+///   `Release` variants (the operation set is defined once, in `tenure-core`); `Transfer` and
+///   its reply `Transferred` are new.
+pub const CLIENT_PROTOCOL_VERSION: u16 = 3;
 
 /// The client protocol version an ALPN identifier names: `Ok` only for this build's
 /// [`CLIENT_PROTOCOL_VERSION`]; another version is [`ProtoError::UnsupportedVersion`], an
@@ -163,12 +166,8 @@ pub enum RequestBody {
     },
     /// The placement map, the group leaders and the node addresses.
     Routing,
-    /// Acquire a lease.
-    Acquire(AcquireRequest),
-    /// Renew a lease.
-    Renew(RenewRequest),
-    /// Release a lease.
-    Release(ReleaseRequest),
+    /// One lease operation (Acquire, Renew, Release, Transfer: `tenure-core`'s [`LeaseOp`]).
+    Lease(LeaseOp),
     /// Read a resource's lease.
     Get {
         /// The resource.
@@ -197,9 +196,7 @@ impl RequestBody {
         match self {
             RequestBody::Authenticate { .. } => "authenticate",
             RequestBody::Routing => "routing",
-            RequestBody::Acquire(_) => "acquire",
-            RequestBody::Renew(_) => "renew",
-            RequestBody::Release(_) => "release",
+            RequestBody::Lease(op) => op.kind().label(),
             RequestBody::Get { .. } => "get",
             RequestBody::List { .. } => "list",
             RequestBody::Batch { .. } => "batch",
@@ -224,7 +221,7 @@ pub enum ResponseBody {
     Authenticated(Principal),
     /// Routing information.
     Routing(RoutingTable),
-    /// Acquire, Renew or Release succeeded.
+    /// A lease operation succeeded.
     Lease(LeaseResult),
     /// Get's answer.
     Get(GetResult),
@@ -299,7 +296,7 @@ impl ResponseBody {
     }
 }
 
-/// A successful Acquire, Renew or Release.
+/// A successful lease operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseResult {
     /// What the group decided.

@@ -32,7 +32,12 @@ use serde::{Serialize, de::DeserializeOwned};
 pub const PEER_MAGIC: [u8; 4] = *b"TNRP";
 
 /// The peer protocol version this build speaks.
-pub const PEER_PROTOCOL_VERSION: u16 = 1;
+///
+/// - 1: the first version.
+/// - 2: log entries may carry `tenure-core`'s `LeaseOp::Transfer` (and request-id records in
+///   snapshots its reply), which a version-1 node cannot decode: the two refuse each other at
+///   `Hello` instead of failing mid-replication.
+pub const PEER_PROTOCOL_VERSION: u16 = 2;
 
 /// Longest cluster name a `Hello` may carry, in bytes.
 pub const CLUSTER_NAME_BYTES_MAX: usize = 64;

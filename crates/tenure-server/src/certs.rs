@@ -1,7 +1,7 @@
 //! `tenure certs`: the cluster CA and one certificate per node, written as the configuration's
 //! `[tls]` section expects them (`ca.pem`, `ca.key`, `node-ID.pem`, `node-ID.key`).
 //!
-//! Generation and the never-overwrite rule are `tenure_transport::tls::write_cluster_certificates`;
+//! Generation and the never-overwrite rule are `tenure_transport::certs::write_cluster_certificates`;
 //! this module chooses the node ids, names and addresses.
 //!
 //! Must not depend on: a running node or the network (it only writes files).
@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use tenure_transport::tls::{CertificatePaths, write_cluster_certificates};
+use tenure_transport::certs::{CertificatePaths, write_cluster_certificates};
 
 use crate::ServerError;
 use crate::config::ServerConfig;

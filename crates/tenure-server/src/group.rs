@@ -53,12 +53,7 @@ const OP_OVERHEAD_BYTES: usize = 48;
 
 /// An upper estimate of an operation's encoded size.
 pub fn op_bytes_estimate(op: &LeaseOp) -> usize {
-    let (key, holder, request) = match op {
-        LeaseOp::Acquire(r) => (&r.key, &r.holder_id, &r.request_id),
-        LeaseOp::Renew(r) => (&r.key, &r.holder_id, &r.request_id),
-        LeaseOp::Release(r) => (&r.key, &r.holder_id, &r.request_id),
-    };
-    OP_OVERHEAD_BYTES + key.tenant_id.len() + key.resource_id.len() + holder.len() + request.len()
+    OP_OVERHEAD_BYTES + op.text_bytes()
 }
 
 /// Per-group tuning taken from the node's configuration.

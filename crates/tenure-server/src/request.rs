@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_core::{ErrorCode, LeaseOp, LeaseOutcome, LeaseStatus, LeaseView};
+use tenure_core::{ErrorCode, LeaseOp, LeaseOpKind, LeaseOutcome, LeaseStatus, LeaseView};
 use tenure_proto::client::{
     GetResult, GroupLeader, LeaseResult, NodeAddress, NodeStatus, Principal, RequestBody,
     RequestFlags, ResponseBody, RoutingTable, WireError,
@@ -205,18 +205,11 @@ impl NodeShared {
             )),
             RequestBody::Routing => Ok(ResponseBody::Routing(self.routing_table())),
             RequestBody::Status => Ok(ResponseBody::Status(self.node_status())),
-            RequestBody::Acquire(request) => {
-                self.lease_ops(ctx, vec![LeaseOp::Acquire(request)], false)
-                    .await
-            }
-            RequestBody::Renew(request) => {
-                ::metrics::histogram!(m::RENEWALS_PER_REQUEST).record(1.0);
-                self.lease_ops(ctx, vec![LeaseOp::Renew(request)], false)
-                    .await
-            }
-            RequestBody::Release(request) => {
-                self.lease_ops(ctx, vec![LeaseOp::Release(request)], false)
-                    .await
+            RequestBody::Lease(op) => {
+                if op.kind() == LeaseOpKind::Renew {
+                    ::metrics::histogram!(m::RENEWALS_PER_REQUEST).record(1.0);
+                }
+                self.lease_ops(ctx, vec![op], false).await
             }
             RequestBody::Batch { ops } => {
                 if ops.is_empty() {
@@ -230,7 +223,7 @@ impl NodeShared {
                 }
                 let renewals = ops
                     .iter()
-                    .filter(|op| matches!(op, LeaseOp::Renew(_)))
+                    .filter(|op| op.kind() == LeaseOpKind::Renew)
                     .count();
                 if renewals > 0 {
                     ::metrics::histogram!(m::RENEWALS_PER_REQUEST).record(renewals as f64);
@@ -333,7 +326,7 @@ impl NodeShared {
             let key = op.key();
             check_tenant(&ctx.principal, &key.tenant_id)?;
             key.validate().map_err(WireError::from_lease_error)?;
-            acquire |= matches!(op, LeaseOp::Acquire(_));
+            acquire |= op.kind().adds_lease();
             let op_group = self.placement.group_of(&key.tenant_id, &key.resource_id).0;
             match group {
                 None => group = Some(op_group),
@@ -377,9 +370,7 @@ impl NodeShared {
             RequestBody::Batch { ops }
         } else {
             match ops.into_iter().next() {
-                Some(LeaseOp::Acquire(r)) => RequestBody::Acquire(r),
-                Some(LeaseOp::Renew(r)) => RequestBody::Renew(r),
-                Some(LeaseOp::Release(r)) => RequestBody::Release(r),
+                Some(op) => RequestBody::Lease(op),
                 None => return Err(invalid("no operation")),
             }
         };

@@ -35,7 +35,10 @@ pub const CHECKSUM_BYTES: usize = 8;
 ///
 /// - 0: `xxh3_64(payload) | payload`, before versions existed (still read).
 /// - 1: `xxh3_64_with_seed(1 | payload, CHECKSUM_SEED) | 1 | payload`.
-pub const VALUE_FORMAT_VERSION: u8 = 1;
+/// - 2: the same layout; a log entry may carry `LeaseOp::Transfer` (an appended variant a
+///   version-1 reader cannot decode), so older builds refuse the value by version instead of
+///   misreading it. Version-1 values are read unchanged.
+pub const VALUE_FORMAT_VERSION: u8 = 2;
 
 /// Seed of the checksum of versioned values (`"TNRSTOR1"`), so that no versioned value passes
 /// as an unversioned one.
@@ -126,7 +129,8 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
         let Some((&version, payload)) = rest.split_first() else {
             return Err(DecodeError::Short(bytes.len()));
         };
-        if version != VALUE_FORMAT_VERSION {
+        // Versions 1 and 2 share their layout; 2 only adds payload kinds.
+        if !(1..=VALUE_FORMAT_VERSION).contains(&version) {
             return Err(DecodeError::UnsupportedVersion { found: version });
         }
         payload
@@ -161,6 +165,18 @@ pub fn value_format_version(bytes: &[u8]) -> Result<u8, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn version_1_values_are_still_read() {
+        let value = (42u64, "lease".to_owned());
+        let mut bytes = vec![0u8; CHECKSUM_BYTES + 1];
+        bytes[CHECKSUM_BYTES] = 1;
+        let mut bytes = postcard::to_extend(&value, bytes).unwrap();
+        let checksum = xxh3_64_with_seed(&bytes[CHECKSUM_BYTES..], CHECKSUM_SEED);
+        bytes[..CHECKSUM_BYTES].copy_from_slice(&checksum.to_le_bytes());
+        assert_eq!(value_format_version(&bytes), Ok(1));
+        assert_eq!(decode::<(u64, String)>(&bytes).unwrap(), value);
+    }
 
     #[test]
     fn values_round_trip_and_any_flipped_bit_is_caught() {

@@ -28,6 +28,7 @@
 //! configuration files, or the wall clock (timeouts use tokio's monotonic clock). It never
 //! creates a runtime: the server owns it.
 
+pub mod certs;
 pub mod config;
 pub mod error;
 pub mod fault;

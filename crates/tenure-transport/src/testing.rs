@@ -25,12 +25,13 @@ use tenure_core::{ApplyOutput, Command, Entry, StateOptions};
 use tenure_storage::{GroupStateMachine, NodeStorage, StorageOptions};
 use tokio::task::JoinHandle;
 
+use crate::certs::{ClusterCa, generate_cluster_ca, issue_node_certificate};
 use crate::config::{GroupTiming, TransportConfig};
 use crate::fault::FaultInjector;
 use crate::network::GroupNetworkFactory;
 use crate::registry::{GroupRaft, GroupRegistry, GroupTable};
 use crate::stats::TransportStatsSnapshot;
-use crate::tls::{ClusterCa, NodeTls, generate_cluster_ca, issue_node_certificate};
+use crate::tls::NodeTls;
 use crate::transport::Transport;
 
 /// What went wrong in the harness.

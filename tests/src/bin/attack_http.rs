@@ -128,7 +128,7 @@ fn start_cluster() -> anyhow::Result<OwnCluster> {
         .prefix("tenure-attack-http-")
         .tempdir()?;
     let certs = dir.path().join("certs");
-    tenure_transport::tls::write_cluster_certificates(
+    tenure_transport::certs::write_cluster_certificates(
         &certs,
         CLUSTER_NAME,
         &[1],

@@ -202,7 +202,7 @@ async fn orchestrate(args: &Args) -> anyhow::Result<()> {
         .tempdir()
         .context("creating a temporary directory")?;
     let certs = dir.path().join("certs");
-    tenure_transport::tls::write_cluster_certificates(
+    tenure_transport::certs::write_cluster_certificates(
         &certs,
         CLUSTER_NAME,
         &[1],

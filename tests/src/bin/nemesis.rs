@@ -26,7 +26,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tenure_core::NegativeControl;
 use tenure_tests::harness::network::NetworkRequest;
 use tenure_tests::harness::run::{KeepDir, RunConfig, RunReport, run_one};
-use tenure_tests::harness::schedule::NemesisKind;
+use tenure_tests::harness::schedule::FaultKind;
 use tenure_tests::harness::workload::{WorkerArgs, worker_main};
 use tenure_tests::harness::zombie::{ZombieArgs, zombie_main};
 use tracing_subscriber::EnvFilter;
@@ -251,20 +251,26 @@ fn run_node(config: &std::path::Path) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-fn parse_kinds(text: &str) -> anyhow::Result<Vec<NemesisKind>> {
+fn parse_kinds(text: &str) -> anyhow::Result<Vec<FaultKind>> {
     if text.trim() == "all" {
-        return Ok(NemesisKind::ALL.to_vec());
+        return Ok(FaultKind::FAULT_SUITE.to_vec());
     }
     text.split(',')
         .map(|name| {
-            NemesisKind::parse(name.trim())
-                .ok_or_else(|| anyhow::anyhow!("unknown nemesis {name:?}"))
+            FaultKind::parse(name.trim())
+                .filter(|kind| kind.in_fault_suite())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "unknown nemesis {name:?} (this suite applies: {})",
+                        FaultKind::FAULT_SUITE.map(FaultKind::name).join(", ")
+                    )
+                })
         })
         .collect()
 }
 
 /// Run `index`'s kinds and whether they overlap.
-fn profile(mode: Mode, kinds: &[NemesisKind], index: u64) -> (Vec<NemesisKind>, bool) {
+fn profile(mode: Mode, kinds: &[FaultKind], index: u64) -> (Vec<FaultKind>, bool) {
     match mode {
         Mode::Alone => (kinds.to_vec(), false),
         Mode::Combined => (kinds.to_vec(), true),

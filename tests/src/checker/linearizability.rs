@@ -17,6 +17,9 @@
 //!   Release granted likewise; it marks the record released. Their refusals: `NOT_FOUND` (no
 //!   record), `LEASE_EXPIRED` (the record is released or may have expired), `LEASE_MISMATCH`
 //!   (an unreleased record of another lease or holder).
+//! - Transfer granted: the record is this holder's lease, unreleased (like Renew); the record
+//!   becomes the new holder's new lease, whose token exceeds every earlier one. Its refusals are
+//!   Renew's.
 //! - Get: ABSENT (no record), or the record itself: same lease, holder, token and version;
 //!   `RELEASED` iff released; `EXPIRED` only if it may have expired.
 //!
@@ -79,6 +82,8 @@ struct State {
 struct ModelOp<'a> {
     op: &'a OpRecord,
     holder: u32,
+    /// For a Transfer: the index of the new holder.
+    new_holder: u32,
     call: Nanos,
     /// `Nanos::MAX` for operations without a definite answer.
     ret: Nanos,
@@ -171,7 +176,30 @@ impl Model {
                 }
                 Some(next)
             }
-            (Outcome::Refused { code, .. }, OpKind::Renew | OpKind::Release) => {
+            (Outcome::Granted { lease, token, .. }, OpKind::Transfer) => {
+                let named = record.is_some_and(|r| {
+                    r.lease.is_some() && r.lease == op.lease && r.holder == m.holder && !r.released
+                });
+                if !named
+                    || *token <= state.token_max
+                    || record.is_some_and(|r| r.token.is_some_and(|t| *token <= t))
+                {
+                    return None;
+                }
+                Some(State {
+                    record: Some(Record {
+                        lease: Some(*lease),
+                        holder: m.new_holder,
+                        token: Some(*token),
+                        version: 1,
+                        released: false,
+                        extended_ns: m.call,
+                        ttl_ms: op.ttl_ms,
+                    }),
+                    token_max: *token,
+                })
+            }
+            (Outcome::Refused { code, .. }, OpKind::Renew | OpKind::Release | OpKind::Transfer) => {
                 let ok = match code.as_str() {
                     "NOT_FOUND" => record.is_none(),
                     "LEASE_EXPIRED" => record.is_some_and(|r| self.inactive_possible(r, m.ret)),
@@ -253,6 +281,22 @@ impl Model {
                             r.released = true;
                         }
                     }
+                }
+            }
+            OpKind::Transfer => {
+                if record.is_some_and(|r| {
+                    r.lease.is_some() && r.lease == op.lease && r.holder == m.holder && !r.released
+                }) {
+                    // Its lease id and token stay unknown until a read reveals them.
+                    next.record = Some(Record {
+                        lease: None,
+                        holder: m.new_holder,
+                        token: None,
+                        version: 1,
+                        released: false,
+                        extended_ns: m.call,
+                        ttl_ms: op.ttl_ms,
+                    });
                 }
             }
             OpKind::Get => {}
@@ -356,12 +400,17 @@ pub fn check_resource<'a>(ops: &[&'a OpRecord], config: &CheckConfig) -> Verdict
         if op.replay_of.is_some() || (op.kind == OpKind::Get && !op.outcome.is_definite()) {
             continue;
         }
-        let holder = match holders.iter().position(|h| h == &op.holder) {
-            Some(index) => index,
+        let mut index_of = |name: &str| match holders.iter().position(|h| h == name) {
+            Some(index) => u32::try_from(index).unwrap_or(u32::MAX),
             None => {
-                holders.push(op.holder.clone());
-                holders.len() - 1
+                holders.push(name.to_owned());
+                u32::try_from(holders.len() - 1).unwrap_or(u32::MAX)
             }
+        };
+        let holder = index_of(&op.holder);
+        let new_holder = match (op.kind, op.new_holder.as_deref()) {
+            (OpKind::Transfer, Some(name)) => index_of(name),
+            _ => u32::MAX,
         };
         let ret = if op.outcome.is_definite() {
             op.complete_ns.unwrap_or(Nanos::MAX)
@@ -370,7 +419,8 @@ pub fn check_resource<'a>(ops: &[&'a OpRecord], config: &CheckConfig) -> Verdict
         };
         model_ops.push(ModelOp {
             op,
-            holder: u32::try_from(holder).unwrap_or(u32::MAX),
+            holder,
+            new_holder,
             call: op.invoke_ns,
             ret: ret.max(op.invoke_ns),
         });

@@ -149,7 +149,10 @@ pub fn describe_op(op: &OpRecord, origin_ns: Nanos) -> String {
     let complete = op
         .complete_ns
         .map_or_else(|| "?".to_string(), |c| ms_since(c, origin_ns));
-    let lease = op.lease.map(|l| format!(" lease {l}")).unwrap_or_default();
+    let mut lease = op.lease.map(|l| format!(" lease {l}")).unwrap_or_default();
+    if let Some(new_holder) = &op.new_holder {
+        lease.push_str(&format!(" to {new_holder}"));
+    }
     let replay = op
         .replay_of
         .map(|id| format!(" replay of #{id}"))
@@ -321,15 +324,16 @@ struct Window<'a> {
 fn check_single_holder(resource: &str, ops: &[&OpRecord], violations: &mut Vec<Violation>) {
     // A holder stops acting when it asks to release (whatever the answer).
     let mut cut: HashMap<LeaseRef, Nanos> = HashMap::new();
+    // (A transfer ends the holder's lease the same way.)
     for op in ops {
-        if let (OpKind::Release, Some(lease), None) = (op.kind, op.lease, op.replay_of) {
+        if let (true, Some(lease), None) = (op.ends_named_lease(), op.lease, op.replay_of) {
             let at = cut.entry(lease).or_insert(op.invoke_ns);
             *at = (*at).min(op.invoke_ns);
         }
     }
     let mut windows: Vec<Window<'_>> = Vec::new();
     for op in ops {
-        if op.replay_of.is_some() || !matches!(op.kind, OpKind::Acquire | OpKind::Renew) {
+        if op.replay_of.is_some() || op.kind == OpKind::Get {
             continue;
         }
         let (Some((lease, _, deadline)), Some(complete)) = (granted(op), op.complete_ns) else {
@@ -361,10 +365,10 @@ fn check_single_holder(resource: &str, ops: &[&OpRecord], violations: &mut Vec<V
                         "lease {} ({}) may still act for {:.3}s after lease {} ({}) began to: \
                          two holders inside their safe windows at once",
                         earlier.lease,
-                        earlier.op.holder,
+                        earlier.op.granted_holder(),
                         (earlier.end - window.start) as f64 / 1e9,
                         window.lease,
-                        window.op.holder,
+                        window.op.granted_holder(),
                     ),
                     vec![earlier.op, window.op],
                 ));
@@ -405,6 +409,7 @@ fn check_lease_identity(ops: &[OpRecord], violations: &mut Vec<Violation>) {
         }
         let holder = match &op.outcome {
             Outcome::Read { view: Some(v), .. } => v.holder.as_str(),
+            Outcome::Granted { .. } => op.granted_holder(),
             _ => op.holder.as_str(),
         };
         match first.get(&lease) {
@@ -414,6 +419,7 @@ fn check_lease_identity(ops: &[OpRecord], violations: &mut Vec<Violation>) {
             Some(seen) => {
                 let seen_holder = match &seen.outcome {
                     Outcome::Read { view: Some(v), .. } => v.holder.as_str(),
+                    Outcome::Granted { .. } => seen.granted_holder(),
                     _ => seen.holder.as_str(),
                 };
                 if seen.resource != op.resource || seen_holder != holder {
@@ -435,10 +441,10 @@ fn check_lease_identity(ops: &[OpRecord], violations: &mut Vec<Violation>) {
 
 /// Tokens of one resource increase with grant order.
 fn check_fencing(resource: &str, ops: &[&OpRecord], violations: &mut Vec<Violation>) {
-    // The first fresh answer of each lease's Acquire: its grant.
+    // The first fresh answer of each lease's Acquire or Transfer: its grant.
     let mut grants: BTreeMap<LeaseRef, &OpRecord> = BTreeMap::new();
     for op in ops {
-        if op.kind != OpKind::Acquire || op.replay_of.is_some() {
+        if !matches!(op.kind, OpKind::Acquire | OpKind::Transfer) || op.replay_of.is_some() {
             continue;
         }
         if let Some((lease, _, _)) = granted(op) {
@@ -537,7 +543,8 @@ fn check_acknowledged(
         if op.replay_of.is_some() {
             continue;
         }
-        if let (OpKind::Release, Some(lease), false) = (op.kind, op.lease, op.outcome.is_definite())
+        if let (true, Some(lease), false) =
+            (op.ends_named_lease(), op.lease, op.outcome.is_definite())
         {
             leases.entry(lease).or_default().release_unknown = true;
         }
@@ -551,6 +558,13 @@ fn check_acknowledged(
                     .or_default()
                     .extensions
                     .push((complete, op));
+                // A transfer's grant is also the release of the lease it names.
+                if let (OpKind::Transfer, Some(ended)) = (op.kind, op.lease) {
+                    let entry = leases.entry(ended).or_default();
+                    if entry.release.is_none_or(|(at, _)| complete < at) {
+                        entry.release = Some((complete, op));
+                    }
+                }
             }
             Outcome::Released { lease, .. } => {
                 let entry = leases.entry(lease).or_default();
@@ -591,8 +605,9 @@ fn check_acknowledged(
     // Later grants wait, in log time, for the expiry every acknowledged extension promised.
     let mut bound: Option<(u64, &OpRecord)> = None;
     for (lease, acknowledged) in &leases {
+        // The lease's grant: its Acquire, or the Transfer that handed it over.
         let grant = acknowledged.extensions.iter().find_map(|(_, op)| match op {
-            op if op.kind == OpKind::Acquire => match op.outcome {
+            op if matches!(op.kind, OpKind::Acquire | OpKind::Transfer) => match op.outcome {
                 Outcome::Granted {
                     log_time_ms,
                     replayed: false,
@@ -619,6 +634,12 @@ fn check_acknowledged(
         let promise = match acknowledged.release {
             Some((_, release)) => match release.outcome {
                 Outcome::Released { released_at_ms, .. } => Some((released_at_ms, release)),
+                // A transfer ended it at the new lease's grant time.
+                Outcome::Granted {
+                    log_time_ms,
+                    replayed: false,
+                    ..
+                } if release.kind == OpKind::Transfer => Some((log_time_ms, release)),
                 _ => None,
             },
             // An unanswered release may have ended it early: no promise to hold others to.

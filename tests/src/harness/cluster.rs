@@ -150,7 +150,7 @@ impl Cluster {
     ) -> Result<Cluster, HarnessError> {
         let ids: Vec<u64> = (1..=options.nodes).collect();
         let certs = dir.join("certs");
-        tenure_transport::tls::write_cluster_certificates(
+        tenure_transport::certs::write_cluster_certificates(
             &certs,
             CLUSTER_NAME,
             &ids,

@@ -32,7 +32,7 @@ use tenure_server::fault_control::FaultSettings;
 use super::HarnessError;
 use super::cluster::{Cluster, ClusterOptions, NodeState};
 use super::network::{Network, NetworkRequest};
-use super::schedule::{Fault, NemesisKind, NodeTarget, PlanShape, Step, plan};
+use super::schedule::{Fault, FaultKind, NodeTarget, PlanShape, Step, plan};
 use super::workload::{WorkerLine, read_outcome};
 use crate::checker::{self, CheckConfig, CheckReport, Property, Violation};
 use crate::fencing::StoreServer;
@@ -67,7 +67,7 @@ pub struct RunConfig {
     /// How long the nemesis runs.
     pub duration: Duration,
     /// Kinds of fault to draw from.
-    pub kinds: Vec<NemesisKind>,
+    pub kinds: Vec<FaultKind>,
     /// Overlap faults.
     pub combined: bool,
     /// Namespaces or loopback.
@@ -97,7 +97,7 @@ pub struct RunConfig {
 
 impl RunConfig {
     /// A run with the defaults around `seed`, `exe` and the kinds.
-    pub fn new(seed: u64, exe: PathBuf, kinds: Vec<NemesisKind>) -> Self {
+    pub fn new(seed: u64, exe: PathBuf, kinds: Vec<FaultKind>) -> Self {
         RunConfig {
             seed,
             nodes: 3,
@@ -1162,6 +1162,7 @@ async fn final_read(
         request_id: None,
         lease: None,
         ttl_ms: 0,
+        new_holder: None,
         replay_of: None,
         invoke_ns,
         complete_ns,

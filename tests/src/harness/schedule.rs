@@ -14,78 +14,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
 
-/// The kinds of fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum NemesisKind {
-    /// kill -9 a node, restart it later on its data.
-    Kill,
-    /// SIGSTOP a node for longer than the ttl, then SIGCONT.
-    PauseNode,
-    /// SIGSTOP a client process for longer than the ttl (its holders become zombies).
-    PauseClient,
-    /// Cut one node (often the leader of the most groups) from the others.
-    PartitionLeader,
-    /// Split the nodes into a majority and a minority.
-    PartitionHalves,
-    /// Two sides that cannot talk, and one node that talks to both.
-    PartitionBridge,
-    /// One node's monotonic clock runs fast or slow (up to 0.5%).
-    ClockRate,
-    /// One node's wall clock jumps by minutes, forward or back.
-    ClockJump,
-    /// One node's WAL syncs take longer (a slow disk).
-    SlowDisk,
-}
-
-impl NemesisKind {
-    /// Every kind.
-    pub const ALL: [NemesisKind; 9] = [
-        NemesisKind::Kill,
-        NemesisKind::PauseNode,
-        NemesisKind::PauseClient,
-        NemesisKind::PartitionLeader,
-        NemesisKind::PartitionHalves,
-        NemesisKind::PartitionBridge,
-        NemesisKind::ClockRate,
-        NemesisKind::ClockJump,
-        NemesisKind::SlowDisk,
-    ];
-
-    /// Its name in reports and on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            NemesisKind::Kill => "kill",
-            NemesisKind::PauseNode => "pause-node",
-            NemesisKind::PauseClient => "pause-client",
-            NemesisKind::PartitionLeader => "partition-leader",
-            NemesisKind::PartitionHalves => "partition-halves",
-            NemesisKind::PartitionBridge => "partition-bridge",
-            NemesisKind::ClockRate => "clock-rate",
-            NemesisKind::ClockJump => "clock-jump",
-            NemesisKind::SlowDisk => "slow-disk",
-        }
-    }
-
-    /// The kind named `name`.
-    pub fn parse(name: &str) -> Option<NemesisKind> {
-        NemesisKind::ALL
-            .into_iter()
-            .find(|kind| kind.name() == name)
-    }
-
-    /// True for faults that take nodes away from the majority (at most one at a time).
-    pub fn disrupts_nodes(self) -> bool {
-        matches!(
-            self,
-            NemesisKind::Kill
-                | NemesisKind::PauseNode
-                | NemesisKind::PartitionLeader
-                | NemesisKind::PartitionHalves
-                | NemesisKind::PartitionBridge
-        )
-    }
-}
+pub use crate::faults::FaultKind;
 
 /// A node, as the plan names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,17 +75,17 @@ pub enum Fault {
 
 impl Fault {
     /// The kind of fault.
-    pub fn kind(&self) -> NemesisKind {
+    pub fn kind(&self) -> FaultKind {
         match self {
-            Fault::Kill(_) => NemesisKind::Kill,
-            Fault::PauseNode(_) => NemesisKind::PauseNode,
-            Fault::PauseClient(_) => NemesisKind::PauseClient,
-            Fault::Isolate(_) => NemesisKind::PartitionLeader,
-            Fault::Halves { .. } => NemesisKind::PartitionHalves,
-            Fault::Bridge { .. } => NemesisKind::PartitionBridge,
-            Fault::ClockRate { .. } => NemesisKind::ClockRate,
-            Fault::ClockJump { .. } => NemesisKind::ClockJump,
-            Fault::SlowDisk { .. } => NemesisKind::SlowDisk,
+            Fault::Kill(_) => FaultKind::Kill,
+            Fault::PauseNode(_) => FaultKind::PauseNode,
+            Fault::PauseClient(_) => FaultKind::PauseClient,
+            Fault::Isolate(_) => FaultKind::PartitionLeader,
+            Fault::Halves { .. } => FaultKind::PartitionHalves,
+            Fault::Bridge { .. } => FaultKind::PartitionBridge,
+            Fault::ClockRate { .. } => FaultKind::ClockRate,
+            Fault::ClockJump { .. } => FaultKind::ClockJump,
+            Fault::SlowDisk { .. } => FaultKind::SlowDisk,
         }
     }
 }
@@ -176,7 +105,7 @@ pub struct Step {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanShape {
     /// Kinds to draw from.
-    pub kinds: Vec<NemesisKind>,
+    pub kinds: Vec<FaultKind>,
     /// Overlap faults (see the module docs).
     pub combined: bool,
     /// How long the nemesis runs.
@@ -193,7 +122,14 @@ pub struct PlanShape {
 pub fn plan(seed: u64, shape: &PlanShape) -> Vec<Step> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x006e_656d_6573_6973);
     let mut steps = Vec::new();
-    if shape.kinds.is_empty() || shape.nodes == 0 {
+    // Only the kinds this suite can apply to processes (the simulation has others).
+    let kinds: Vec<FaultKind> = shape
+        .kinds
+        .iter()
+        .copied()
+        .filter(|kind| kind.in_fault_suite())
+        .collect();
+    if kinds.is_empty() || shape.nodes == 0 {
         return steps;
     }
     let end_ms = shape.duration_ms.saturating_sub(500);
@@ -201,10 +137,9 @@ pub fn plan(seed: u64, shape: &PlanShape) -> Vec<Step> {
     // When the current node-disrupting fault ends.
     let mut disrupted_until = 0u64;
     while at_ms + 500 < end_ms {
-        let mut kind = shape.kinds[rng.random_range(0..shape.kinds.len())];
+        let mut kind = kinds[rng.random_range(0..kinds.len())];
         if kind.disrupts_nodes() && at_ms < disrupted_until {
-            let calm: Vec<NemesisKind> = shape
-                .kinds
+            let calm: Vec<FaultKind> = kinds
                 .iter()
                 .copied()
                 .filter(|k| !k.disrupts_nodes())
@@ -215,7 +150,11 @@ pub fn plan(seed: u64, shape: &PlanShape) -> Vec<Step> {
             }
             kind = calm[rng.random_range(0..calm.len())];
         }
-        let (fault, hold_ms) = draw(&mut rng, kind, shape);
+        let Some((fault, hold_ms)) = draw(&mut rng, kind, shape) else {
+            // Not one of this suite's kinds (filtered out above, so never).
+            at_ms += 500;
+            continue;
+        };
         let hold_ms = hold_ms.min(end_ms.saturating_sub(at_ms)).max(200);
         if kind.disrupts_nodes() {
             disrupted_until = at_ms + hold_ms;
@@ -244,7 +183,9 @@ fn either_sign(rng: &mut SmallRng, range: std::ops::RangeInclusive<i64>) -> i64 
     }
 }
 
-fn draw(rng: &mut SmallRng, kind: NemesisKind, shape: &PlanShape) -> (Fault, u64) {
+/// The fault of `kind` with its targets and amounts, and how long it holds; `None` for a kind
+/// only the simulation applies.
+fn draw(rng: &mut SmallRng, kind: FaultKind, shape: &PlanShape) -> Option<(Fault, u64)> {
     let nodes = shape.nodes;
     let node = |rng: &mut SmallRng| rng.random_range(1..=nodes);
     let target = |rng: &mut SmallRng| {
@@ -260,23 +201,24 @@ fn draw(rng: &mut SmallRng, kind: NemesisKind, shape: &PlanShape) -> (Fault, u64
         let j = rng.random_range(0..=i);
         shuffled.swap(i, j);
     }
-    match kind {
-        NemesisKind::Kill => (Fault::Kill(target(rng)), rng.random_range(800..4_000)),
-        NemesisKind::PauseNode => (Fault::PauseNode(target(rng)), beyond_ttl(rng)),
-        NemesisKind::PauseClient => (
+    let drawn = match kind {
+        FaultKind::PartitionOneWay | FaultKind::HoldMessages | FaultKind::LoseMessages => {
+            return None;
+        }
+        FaultKind::Kill => (Fault::Kill(target(rng)), rng.random_range(800..4_000)),
+        FaultKind::PauseNode => (Fault::PauseNode(target(rng)), beyond_ttl(rng)),
+        FaultKind::PauseClient => (
             Fault::PauseClient(rng.random_range(1..=shape.client_processes.max(1))),
             beyond_ttl(rng),
         ),
-        NemesisKind::PartitionLeader => {
-            (Fault::Isolate(target(rng)), rng.random_range(1_500..6_000))
-        }
-        NemesisKind::PartitionHalves => {
+        FaultKind::PartitionLeader => (Fault::Isolate(target(rng)), rng.random_range(1_500..6_000)),
+        FaultKind::PartitionHalves => {
             let minority_size = usize::try_from((nodes - 1) / 2).unwrap_or(1).max(1);
             let mut minority = shuffled[..minority_size].to_vec();
             minority.sort_unstable();
             (Fault::Halves { minority }, rng.random_range(1_500..6_000))
         }
-        NemesisKind::PartitionBridge => {
+        FaultKind::PartitionBridge => {
             let bridge = shuffled[0];
             let rest = &shuffled[1..];
             let half = rest.len() / 2;
@@ -293,28 +235,29 @@ fn draw(rng: &mut SmallRng, kind: NemesisKind, shape: &PlanShape) -> (Fault, u64
                 rng.random_range(1_500..6_000),
             )
         }
-        NemesisKind::ClockRate => (
+        FaultKind::ClockRate => (
             Fault::ClockRate {
                 node: node(rng),
                 ppm: either_sign(rng, 1_000..=5_000),
             },
             rng.random_range(3_000..10_000),
         ),
-        NemesisKind::ClockJump => (
+        FaultKind::ClockJump => (
             Fault::ClockJump {
                 node: node(rng),
                 offset_s: either_sign(rng, 60..=600),
             },
             rng.random_range(2_000..8_000),
         ),
-        NemesisKind::SlowDisk => (
+        FaultKind::SlowDisk => (
             Fault::SlowDisk {
                 node: node(rng),
                 delay_ms: rng.random_range(20..=300),
             },
             rng.random_range(2_000..6_000),
         ),
-    }
+    };
+    Some(drawn)
 }
 
 #[cfg(test)]
@@ -323,7 +266,7 @@ mod tests {
 
     fn shape(combined: bool) -> PlanShape {
         PlanShape {
-            kinds: NemesisKind::ALL.to_vec(),
+            kinds: FaultKind::FAULT_SUITE.to_vec(),
             combined,
             duration_ms: 60_000,
             nodes: 5,

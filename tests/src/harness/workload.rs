@@ -387,10 +387,29 @@ impl TaskSet {
 /// A call, as it is repeated until a definite answer.
 #[derive(Debug, Clone)]
 enum Call {
-    Acquire { resource: String },
-    Renew { resource: String, lease: LeaseRef },
-    Release { resource: String, lease: LeaseRef },
-    Get { resource: String },
+    Acquire {
+        resource: String,
+    },
+    Renew {
+        resource: String,
+        lease: LeaseRef,
+        holder: String,
+    },
+    Release {
+        resource: String,
+        lease: LeaseRef,
+        holder: String,
+    },
+    /// Hand the lease to `to` (the task's other identity: it goes on holding as `to`).
+    Transfer {
+        resource: String,
+        lease: LeaseRef,
+        holder: String,
+        to: String,
+    },
+    Get {
+        resource: String,
+    },
 }
 
 impl Call {
@@ -399,6 +418,7 @@ impl Call {
             Call::Acquire { .. } => OpKind::Acquire,
             Call::Renew { .. } => OpKind::Renew,
             Call::Release { .. } => OpKind::Release,
+            Call::Transfer { .. } => OpKind::Transfer,
             Call::Get { .. } => OpKind::Get,
         }
     }
@@ -408,14 +428,27 @@ impl Call {
             Call::Acquire { resource }
             | Call::Renew { resource, .. }
             | Call::Release { resource, .. }
+            | Call::Transfer { resource, .. }
             | Call::Get { resource } => resource,
         }
     }
 
     fn lease(&self) -> Option<LeaseRef> {
         match self {
-            Call::Renew { lease, .. } | Call::Release { lease, .. } => Some(*lease),
-            _ => None,
+            Call::Renew { lease, .. }
+            | Call::Release { lease, .. }
+            | Call::Transfer { lease, .. } => Some(*lease),
+            Call::Acquire { .. } | Call::Get { .. } => None,
+        }
+    }
+
+    /// The holder acting, when the call names one (else the task's own holder id).
+    fn holder(&self) -> Option<&str> {
+        match self {
+            Call::Renew { holder, .. }
+            | Call::Release { holder, .. }
+            | Call::Transfer { holder, .. } => Some(holder),
+            Call::Acquire { .. } | Call::Get { .. } => None,
         }
     }
 }
@@ -425,6 +458,9 @@ impl Call {
 struct Held {
     resource: String,
     lease: LeaseRef,
+    /// The identity the lease is held under: the task's holder id, or its other identity
+    /// (`<holder>~`) after a transfer.
+    holder: String,
     token: u64,
     /// The latest safe deadline the client library gave.
     deadline_ns: Nanos,
@@ -557,6 +593,7 @@ impl Task {
             let call = Call::Release {
                 resource: held.resource,
                 lease: held.lease,
+                holder: held.holder,
             };
             let request_id = self.new_request_id();
             self.perform(call, Some(request_id), None).await;
@@ -600,6 +637,7 @@ impl Task {
                 self.held = Some(Held {
                     resource,
                     lease,
+                    holder: self.spec.holder.clone(),
                     token,
                     deadline_ns: safe_deadline_ns,
                     // A replayed grant (no window) is renewed at once to learn a deadline.
@@ -623,6 +661,7 @@ impl Task {
                     Call::Renew {
                         resource: held.resource.clone(),
                         lease: held.lease,
+                        holder: held.holder.clone(),
                     },
                     Some(request_id),
                     None,
@@ -655,12 +694,15 @@ impl Task {
                 Call::Release {
                     resource: held.resource.clone(),
                     lease: held.lease,
+                    holder: held.holder.clone(),
                 },
                 Some(request_id),
                 None,
             )
             .await;
             self.held = None;
+        } else if roll < 0.55 {
+            self.transfer(&held).await;
         } else if roll < 0.62 {
             self.perform(
                 Call::Get {
@@ -677,6 +719,51 @@ impl Task {
         }
     }
 
+    /// Hands the lease to the task's other identity and goes on holding the new lease as it:
+    /// the old identity stops acting when it asks (its window is cut at the transfer), the new
+    /// one acts within the new grant's safe window.
+    async fn transfer(&mut self, held: &Held) {
+        let to = if held.holder == self.spec.holder {
+            format!("{}~", self.spec.holder)
+        } else {
+            self.spec.holder.clone()
+        };
+        let request_id = self.new_request_id();
+        let record = self
+            .perform(
+                Call::Transfer {
+                    resource: held.resource.clone(),
+                    lease: held.lease,
+                    holder: held.holder.clone(),
+                    to: to.clone(),
+                },
+                Some(request_id),
+                None,
+            )
+            .await;
+        self.held = match record.outcome {
+            Outcome::Granted {
+                lease,
+                token,
+                safe_deadline_ns,
+                ..
+            } => Some(Held {
+                resource: held.resource.clone(),
+                lease,
+                holder: to,
+                token,
+                deadline_ns: safe_deadline_ns,
+                renew_at_ns: if safe_deadline_ns > record.complete_ns.unwrap_or(0) {
+                    record.invoke_ns + self.set.workload.ttl_ms * 1_000_000 / 3
+                } else {
+                    0
+                },
+            }),
+            // Refused or unanswered: the old lease is gone either way (or going).
+            _ => None,
+        };
+    }
+
     /// Checks the deadline, "works", then writes: a pause in between makes a late write.
     async fn fenced_write(&mut self, held: &Held) {
         let checked_ns = self.set.clock.now_ns();
@@ -686,7 +773,7 @@ impl Task {
         self.pause(10, 60).await;
         let request = FencedWrite {
             client: self.spec.name.clone(),
-            holder: self.spec.holder.clone(),
+            holder: held.holder.clone(),
             resource: held.resource.clone(),
             token: held.token,
             checked_ns,
@@ -721,7 +808,9 @@ impl Task {
         let mut record = OpRecord {
             id: self.spec.id_base | self.set.next_id.fetch_add(1, Ordering::Relaxed),
             client: self.spec.name.clone(),
-            holder: self.spec.holder.clone(),
+            holder: call
+                .holder()
+                .map_or_else(|| self.spec.holder.clone(), str::to_string),
             group: self
                 .set
                 .workload
@@ -734,8 +823,12 @@ impl Task {
             request_id: request_id.clone(),
             lease: call.lease(),
             ttl_ms: match call.kind() {
-                OpKind::Acquire | OpKind::Renew => self.set.workload.ttl_ms,
-                _ => 0,
+                OpKind::Acquire | OpKind::Renew | OpKind::Transfer => self.set.workload.ttl_ms,
+                OpKind::Release | OpKind::Get => 0,
+            },
+            new_holder: match &call {
+                Call::Transfer { to, .. } => Some(to.clone()),
+                _ => None,
             },
             replay_of,
             invoke_ns: self.set.clock.now_ns(),
@@ -794,14 +887,18 @@ impl Task {
                     Err(error) => classify_error(&error),
                 }
             }
-            Call::Renew { resource, lease } => {
+            Call::Renew {
+                resource,
+                lease,
+                holder,
+            } => {
                 match self
                     .set
                     .client
                     .renew(
                         self.key(resource),
                         lease_id(*lease),
-                        self.spec.holder.clone(),
+                        holder.clone(),
                         ttl,
                         request_id.map(str::to_string),
                     )
@@ -811,14 +908,43 @@ impl Task {
                     Err(error) => classify_error(&error),
                 }
             }
-            Call::Release { resource, lease } => {
+            Call::Transfer {
+                resource,
+                lease,
+                holder,
+                to,
+            } => {
+                match self
+                    .set
+                    .client
+                    .transfer(
+                        self.key(resource),
+                        lease_id(*lease),
+                        holder.clone(),
+                        to.clone(),
+                        ttl,
+                        request_id.map(str::to_string),
+                    )
+                    .await
+                {
+                    Ok(transferred) => {
+                        Attempt::Definite(granted_outcome(&transferred.grant, &self.set.clock))
+                    }
+                    Err(error) => classify_error(&error),
+                }
+            }
+            Call::Release {
+                resource,
+                lease,
+                holder,
+            } => {
                 match self
                     .set
                     .client
                     .release(
                         self.key(resource),
                         lease_id(*lease),
-                        self.spec.holder.clone(),
+                        holder.clone(),
                         request_id.map(str::to_string),
                     )
                     .await

@@ -16,10 +16,12 @@
 //! replica state change the probe sees, every fault, every recorded operation) shows it: the
 //! suite runs a seed twice and compares.
 //!
-//! The seeded nemesis has two streams, so faults combine: network faults (partition into
-//! halves, isolate a leader, one-way, bridge, hold, message loss) and node faults (crash and
-//! restart with lost unsynced writes, clock rate drift, holding a client's links longer than a
-//! ttl: a zombie holder whose fenced writes still land). A run draws one kind alone or all of
+//! The seeded nemesis has two streams, so faults combine, over the fault kinds the fault suite
+//! shares ([`crate::faults::FaultKind::SIMULATION`]): network faults (`partition-halves`,
+//! `partition-leader`, `partition-one-way`, `partition-bridge`, `hold-messages`,
+//! `lose-messages`) and node faults (`kill` with lost unsynced writes and a restart,
+//! `clock-rate`, `pause-client`: a client's links held longer than a ttl, a zombie holder whose
+//! fenced writes still land, `clock-jump`). A run draws one kind alone or all of
 //! them combined. After every step the [`probe`] checks election safety, replica state equality
 //! at equal applied indexes and monotone log time and tokens; at the end the fault suite's
 //! checker judges the history (single holder, fencing, nothing acknowledged lost, exactly-once,
@@ -50,7 +52,7 @@ use tenure_server::config::{
 use tenure_server::fault_control::{FaultControls, FaultSettings};
 use tenure_server::{Node, NodeEnv, ServerConfig};
 use tenure_storage::{MemoryDisk, NodeStorage, StorageOptions};
-use tenure_transport::tls::KeyAlgorithm;
+use tenure_transport::certs::KeyAlgorithm;
 use tokio::sync::watch;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -69,74 +71,7 @@ const TICK: Duration = Duration::from_millis(1);
 /// Operations one run records at most.
 const OPS_MAX: usize = 1_000_000;
 
-/// A kind of fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SimNemesis {
-    /// Crash a node (its unsynced writes partly lost), restart it later.
-    Crash,
-    /// Cut the nodes into two halves.
-    PartitionHalves,
-    /// Cut a group's leader off from the other nodes.
-    IsolateLeader,
-    /// Drop one node's traffic to the others, not theirs to it.
-    OneWay,
-    /// Two sides that cannot talk, and one node that talks to both.
-    Bridge,
-    /// Hold every message between a node and the others, then deliver them all.
-    Hold,
-    /// Lose a share of the messages on one node's links.
-    Loss,
-    /// Change one node's monotonic clock rate (within half the contract's drift bound).
-    ClockDrift,
-    /// Hold a client's links longer than a ttl (it goes on, and writes, until its deadline).
-    HoldClient,
-    /// Jump one node's wall clock by minutes, forwards or back (no decision may read it: only
-    /// the negative control `expire-by-wall-clock` does).
-    WallClockJump,
-}
-
-impl SimNemesis {
-    /// Every kind.
-    pub const ALL: [SimNemesis; 10] = [
-        SimNemesis::Crash,
-        SimNemesis::PartitionHalves,
-        SimNemesis::IsolateLeader,
-        SimNemesis::OneWay,
-        SimNemesis::Bridge,
-        SimNemesis::Hold,
-        SimNemesis::Loss,
-        SimNemesis::ClockDrift,
-        SimNemesis::HoldClient,
-        SimNemesis::WallClockJump,
-    ];
-
-    /// Its name in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            SimNemesis::Crash => "crash",
-            SimNemesis::PartitionHalves => "partition-halves",
-            SimNemesis::IsolateLeader => "isolate-leader",
-            SimNemesis::OneWay => "one-way",
-            SimNemesis::Bridge => "bridge",
-            SimNemesis::Hold => "hold",
-            SimNemesis::Loss => "loss",
-            SimNemesis::ClockDrift => "clock-drift",
-            SimNemesis::HoldClient => "hold-client",
-            SimNemesis::WallClockJump => "wall-clock-jump",
-        }
-    }
-
-    fn is_network(self) -> bool {
-        !matches!(
-            self,
-            SimNemesis::Crash
-                | SimNemesis::ClockDrift
-                | SimNemesis::HoldClient
-                | SimNemesis::WallClockJump
-        )
-    }
-}
+pub use crate::faults::FaultKind;
 
 /// What one run simulates.
 #[derive(Debug, Clone)]
@@ -164,7 +99,7 @@ pub struct SimOptions {
     /// After the stop signal: how long unanswered operations keep being retried.
     pub resolve_ms: u64,
     /// The kinds to draw from (`None`: the seed picks one alone, or all combined).
-    pub nemeses: Option<Vec<SimNemesis>>,
+    pub nemeses: Option<Vec<FaultKind>>,
     /// A guarantee broken on purpose (checks must catch it).
     pub negative_control: NegativeControl,
     /// A negative control outside the contract: every node's clock this many ppm fast (the
@@ -329,7 +264,7 @@ fn certificates(work_dir: &Path, nodes: u64) -> Result<(PathBuf, String), SimErr
         .keep();
     let ids: Vec<u64> = (1..=nodes).collect();
     let ips: Vec<IpAddr> = ids.iter().map(|&id| node_ip(id)).collect();
-    tenure_transport::tls::write_cluster_certificates_with(
+    tenure_transport::certs::write_cluster_certificates_with(
         &dir,
         CLUSTER_NAME,
         &ids,
@@ -444,9 +379,9 @@ enum Active {
 
 /// One stream of the nemesis: a fault at a time.
 struct Stream {
-    kinds: Vec<SimNemesis>,
+    kinds: Vec<FaultKind>,
     next_at_ms: u64,
-    active: Option<(u64, SimNemesis, Active)>,
+    active: Option<(u64, FaultKind, Active)>,
 }
 
 struct Nemesis {
@@ -485,7 +420,7 @@ impl Nemesis {
             .collect()
     }
 
-    fn record(&mut self, now_ms: u64, kind: SimNemesis, start: bool, detail: String) {
+    fn record(&mut self, now_ms: u64, kind: FaultKind, start: bool, detail: String) {
         if start {
             *self.counts.entry(kind.name().to_string()).or_default() += 1;
         }
@@ -522,8 +457,8 @@ impl Nemesis {
                 let kinds = &self.streams[index].kinds;
                 let kind = kinds[self.rng.random_range(0..kinds.len())];
                 let hold_ms = match kind {
-                    SimNemesis::HoldClient => self.rng.random_range(self.ttl_ms..=self.ttl_ms * 2),
-                    SimNemesis::Hold => self.rng.random_range(200..=1_500),
+                    FaultKind::PauseClient => self.rng.random_range(self.ttl_ms..=self.ttl_ms * 2),
+                    FaultKind::HoldMessages => self.rng.random_range(200..=1_500),
                     _ => self.rng.random_range(500..=4_000),
                 };
                 if let Some(active) = self.apply(now_ms, kind, sim, shared, probe) {
@@ -554,7 +489,7 @@ impl Nemesis {
     fn apply(
         &mut self,
         now_ms: u64,
-        kind: SimNemesis,
+        kind: FaultKind,
         sim: &mut turmoil::Sim<'_>,
         shared: &Shared,
         probe: &mut Probe,
@@ -562,7 +497,9 @@ impl Nemesis {
         let names = self.node_names();
         let random_node = 1 + self.rng.random_range(0..self.nodes);
         let active = match kind {
-            SimNemesis::Crash => {
+            // Faults of node processes the fault suite applies; the simulation has none such.
+            FaultKind::PauseNode | FaultKind::SlowDisk => return None,
+            FaultKind::Kill => {
                 let node = random_node;
                 sim.crash(node_name(node));
                 lock(&shared.registry).remove(&node);
@@ -578,10 +515,10 @@ impl Nemesis {
                 );
                 Active::Crash { node }
             }
-            SimNemesis::PartitionHalves | SimNemesis::Bridge => {
+            FaultKind::PartitionHalves | FaultKind::PartitionBridge => {
                 let mut order = names.clone();
                 shuffle(&mut self.rng, &mut order);
-                let (left, right, detail) = if kind == SimNemesis::Bridge {
+                let (left, right, detail) = if kind == FaultKind::PartitionBridge {
                     let bridge = order[0].clone();
                     let rest = &order[1..];
                     let half = rest.len() / 2;
@@ -605,7 +542,7 @@ impl Nemesis {
                 self.record(now_ms, kind, true, format!("{left:?} | {right:?} {detail}"));
                 Active::Cut { pairs }
             }
-            SimNemesis::IsolateLeader => {
+            FaultKind::PartitionLeader => {
                 let node = self.leader_of_some_group(shared)?;
                 let pairs = self.links_of(node);
                 for (a, b) in &pairs {
@@ -614,7 +551,7 @@ impl Nemesis {
                 self.record(now_ms, kind, true, format!("leader n{node}"));
                 Active::Cut { pairs }
             }
-            SimNemesis::OneWay => {
+            FaultKind::PartitionOneWay => {
                 let node = self.leader_of_some_group(shared).unwrap_or(random_node);
                 let pairs = self.links_of(node);
                 for (from, to) in &pairs {
@@ -623,7 +560,7 @@ impl Nemesis {
                 self.record(now_ms, kind, true, format!("n{node} -> others dropped"));
                 Active::CutOneWay { pairs }
             }
-            SimNemesis::Hold => {
+            FaultKind::HoldMessages => {
                 let pairs = self.links_of(random_node);
                 for (a, b) in &pairs {
                     sim.hold(a.as_str(), b.as_str());
@@ -631,7 +568,7 @@ impl Nemesis {
                 self.record(now_ms, kind, true, format!("n{random_node}'s links held"));
                 Active::Hold { pairs }
             }
-            SimNemesis::Loss => {
+            FaultKind::LoseMessages => {
                 let pairs = self.links_of(random_node);
                 let rate = self.rng.random_range(0.05..0.4);
                 for (a, b) in &pairs {
@@ -645,7 +582,7 @@ impl Nemesis {
                 );
                 Active::Loss { pairs }
             }
-            SimNemesis::ClockDrift => {
+            FaultKind::ClockRate => {
                 let node = random_node;
                 if !lock(&shared.registry).contains_key(&node) {
                     return None;
@@ -658,7 +595,7 @@ impl Nemesis {
                 self.record(now_ms, kind, true, format!("n{node} at {ppm} ppm"));
                 Active::Drift { node }
             }
-            SimNemesis::WallClockJump => {
+            FaultKind::ClockJump => {
                 let node = random_node;
                 let minutes: i64 = self.rng.random_range(1..=10);
                 let jump_ms = if self.rng.random_bool(0.5) {
@@ -677,7 +614,7 @@ impl Nemesis {
                 );
                 Active::WallJump { node }
             }
-            SimNemesis::HoldClient => {
+            FaultKind::PauseClient => {
                 let client = 1 + self.rng.random_range(0..self.clients);
                 let me = vec![client_name(client)];
                 let pairs = Self::pairs_between(&me, &names);
@@ -691,7 +628,7 @@ impl Nemesis {
         Some(active)
     }
 
-    fn heal(&mut self, now_ms: u64, kind: SimNemesis, active: Active, sim: &mut turmoil::Sim<'_>) {
+    fn heal(&mut self, now_ms: u64, kind: FaultKind, active: Active, sim: &mut turmoil::Sim<'_>) {
         let detail = match active {
             Active::Crash { node } => {
                 sim.bounce(node_name(node));
@@ -755,10 +692,10 @@ fn shuffle<T>(rng: &mut SmallRng, items: &mut [T]) {
 }
 
 /// The nemesis profile a seed draws: one kind alone, or every kind combined.
-pub fn profile_for(seed: u64, nodes: u64) -> Vec<SimNemesis> {
-    let kinds: Vec<SimNemesis> = SimNemesis::ALL
+pub fn profile_for(seed: u64, nodes: u64) -> Vec<FaultKind> {
+    let kinds: Vec<FaultKind> = FaultKind::SIMULATION
         .into_iter()
-        .filter(|kind| nodes >= 3 || *kind != SimNemesis::Bridge)
+        .filter(|kind| nodes >= 3 || *kind != FaultKind::PartitionBridge)
         .collect();
     let slot = usize::try_from(seed % (kinds.len() as u64 + 1)).unwrap_or(0);
     if slot == kinds.len() {
@@ -769,22 +706,13 @@ pub fn profile_for(seed: u64, nodes: u64) -> Vec<SimNemesis> {
 }
 
 /// Runs one simulation to the end and checks it.
+///
+/// The steps, in the order they draw from the seed's generator (changing the order changes
+/// every seed's run): the simulation itself ([`build_simulation`]), the node hosts
+/// ([`add_nodes`]), the client hosts ([`add_clients`]), the nemesis ([`Nemesis::new`]); then
+/// the run ([`drive`]) and its judgement ([`judge`]).
 pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
-    if !(3..=9).contains(&options.nodes) || options.client_hosts == 0 || options.resources == 0 {
-        return Err(SimError::Options(
-            "3 to 9 nodes, at least one client host and one resource".into(),
-        ));
-    }
-    if !cfg!(tokio_unstable) {
-        // Without it turmoil cannot seed the hosts' runtimes and every tokio::select! picks
-        // its first branch at random: runs of one seed would differ. Cargo drops the cfg of
-        // .cargo/config.toml when RUSTFLAGS is set in the environment.
-        return Err(SimError::Options(
-            "built without --cfg tokio_unstable (set by .cargo/config.toml; an environment \
-             RUSTFLAGS replaces it): the simulation would not be reproducible"
-                .into(),
-        ));
-    }
+    check_options(options)?;
     install_panic_hook();
     let panics_before = lock(&PANICS).len();
     let (certs, ca_pem) = certificates(&options.work_dir, options.nodes)?;
@@ -806,9 +734,72 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
     };
 
     let mut rng = SmallRng::seed_from_u64(options.seed);
+    let mut sim = build_simulation(options, &mut rng)?;
+    let shared = Arc::new(Shared::default());
+    let nodes = add_nodes(&mut sim, options, &mut rng, scratch.path(), &certs, &shared);
+    let (stop_tx, stop_rx) = watch::channel(None::<Nanos>);
+    let clients = add_clients(&mut sim, options, &mut rng, &ca_pem, stop_rx);
+    let mut nemesis = Nemesis::new(options, &kinds, &mut rng, nodes);
+    let mut probe = Probe::default();
+    let driven = drive(
+        &mut sim,
+        options,
+        &mut nemesis,
+        &mut probe,
+        &shared,
+        &clients.ops,
+        &stop_tx,
+    );
+    let simulated_ms = u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX);
+    for event in &nemesis.events {
+        probe.trace(
+            event.at_ns,
+            &format!("{} {} {}", event.nemesis, event.start, event.detail),
+        );
+    }
+    drop(sim);
+    tenure_storage::seed_raft_randomness(None);
+    if let Some(path) = std::env::var_os("TENURE_SIM_TRACE_FILE") {
+        let _ = std::fs::write(path, probe.trace_lines().join("\n"));
+    }
+    let ran = Ran {
+        profile,
+        simulated_ms,
+        steps: driven.steps,
+        harness_failure: driven.harness_failure,
+        panics_before,
+    };
+    Ok(judge(options, ran, &nemesis, &probe, &shared, &clients))
+}
+
+fn check_options(options: &SimOptions) -> Result<(), SimError> {
+    if !(3..=9).contains(&options.nodes) || options.client_hosts == 0 || options.resources == 0 {
+        return Err(SimError::Options(
+            "3 to 9 nodes, at least one client host and one resource".into(),
+        ));
+    }
+    if !cfg!(tokio_unstable) {
+        // Without it turmoil cannot seed the hosts' runtimes and every tokio::select! picks
+        // its first branch at random: runs of one seed would differ. Cargo drops the cfg of
+        // .cargo/config.toml when RUSTFLAGS is set in the environment.
+        return Err(SimError::Options(
+            "built without --cfg tokio_unstable (set by .cargo/config.toml; an environment \
+             RUSTFLAGS replaces it): the simulation would not be reproducible"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The turmoil simulation (its seed from `rng`), with openraft's randomness on this thread
+/// seeded from `rng` too, and the node names resolving to their fixed addresses.
+fn build_simulation(
+    options: &SimOptions,
+    rng: &mut SmallRng,
+) -> Result<turmoil::Sim<'static>, SimError> {
     // openraft's random numbers (election timeouts) on this thread: from the seed.
     tenure_storage::seed_raft_randomness(Some(rng.random()));
-    let mut sim = turmoil::Builder::new()
+    let sim = turmoil::Builder::new()
         .rng_seed(rng.random())
         .tick_duration(TICK)
         .simulation_duration(Duration::from_secs(24 * 3600))
@@ -827,28 +818,49 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
             )));
         }
     }
+    Ok(sim)
+}
 
-    let shared = Arc::new(Shared::default());
-    let mut disks = BTreeMap::new();
-    let mut wall_clocks = BTreeMap::new();
-    let mut clock_rates = BTreeMap::new();
-    let mut base_rate_ppm = BTreeMap::new();
+/// What the nemesis controls of each node host.
+struct NodeHandles {
+    disks: BTreeMap<u64, MemoryDisk>,
+    wall_clocks: BTreeMap<u64, Arc<SimWallClock>>,
+    clock_rates: BTreeMap<u64, Arc<watch::Sender<i64>>>,
+    base_rate_ppm: BTreeMap<u64, i64>,
+}
+
+/// One host per node, running the real server on a memory disk; each restart of a host is a
+/// new incarnation with its own seed.
+fn add_nodes(
+    sim: &mut turmoil::Sim<'static>,
+    options: &SimOptions,
+    rng: &mut SmallRng,
+    scratch: &Path,
+    certs: &Path,
+    shared: &Arc<Shared>,
+) -> NodeHandles {
+    let mut handles = NodeHandles {
+        disks: BTreeMap::new(),
+        wall_clocks: BTreeMap::new(),
+        clock_rates: BTreeMap::new(),
+        base_rate_ppm: BTreeMap::new(),
+    };
     for id in 1..=options.nodes {
         let disk = MemoryDisk::new(rng.random(), rng.random_range(100..=2_000));
-        disks.insert(id, disk.clone());
+        handles.disks.insert(id, disk.clone());
         let rate_ppm = match options.out_of_bound_drift_ppm {
             Some(ppm) => ppm,
             None => rng.random_range(-5_000..=5_000),
         };
-        base_rate_ppm.insert(id, rate_ppm);
-        let data_dir = scratch.path().join(node_name(id));
-        let mut config = node_config(options, id, data_dir.clone(), &certs);
+        handles.base_rate_ppm.insert(id, rate_ppm);
+        let data_dir = scratch.join(node_name(id));
+        let mut config = node_config(options, id, data_dir.clone(), certs);
         config.testing.clock_rate_ppm = rate_ppm;
         let node_seed: u64 = rng.random();
         let wall_clock = Arc::new(SimWallClock::default());
-        wall_clocks.insert(id, wall_clock.clone());
+        handles.wall_clocks.insert(id, wall_clock.clone());
         let clock_rate = Arc::new(watch::Sender::new(rate_ppm));
-        clock_rates.insert(id, clock_rate.clone());
+        handles.clock_rates.insert(id, clock_rate.clone());
         let shared = shared.clone();
         sim.host(node_name(id), move || {
             let disk = disk.clone();
@@ -884,11 +896,27 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
             }
         });
     }
+    handles
+}
 
-    // Clients.
+/// What the client hosts record.
+struct Clients {
+    ops: Arc<Mutex<BTreeMap<u64, OpRecord>>>,
+    fence: SharedFence,
+    task_names: Vec<String>,
+}
+
+/// One host per client, running the fault suite's workload tasks on the real client library,
+/// recording into memory, writing to an in-process fenced store; they stop when `stop` says.
+fn add_clients(
+    sim: &mut turmoil::Sim<'static>,
+    options: &SimOptions,
+    rng: &mut SmallRng,
+    ca_pem: &str,
+    stop: watch::Receiver<Option<Nanos>>,
+) -> Clients {
     let ops: Arc<Mutex<BTreeMap<u64, OpRecord>>> = Arc::default();
     let fence = SharedFence::default();
-    let (stop_tx, stop_rx) = watch::channel(None::<Nanos>);
     let endpoints: Vec<Endpoint> = (1..=options.nodes)
         .map(|id| Endpoint {
             node_id: Some(id),
@@ -900,7 +928,7 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
     for client in 1..=options.client_hosts {
         let mut config = ClientConfig::new(
             endpoints.clone(),
-            ca_pem.clone(),
+            ca_pem.to_owned(),
             Credentials::InsecureDev {
                 principal_id: format!("sim-c{client}"),
             },
@@ -916,7 +944,7 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
         }
         let sink = Sink::Memory(ops.clone());
         let fence = fence.clone();
-        let stop = stop_rx.clone();
+        let stop = stop.clone();
         let resources = resources.clone();
         let tasks = options.tasks_per_client;
         let ttl_ms = options.ttl_ms;
@@ -965,37 +993,71 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
             Ok(())
         });
     }
+    Clients {
+        ops,
+        fence,
+        task_names,
+    }
+}
 
-    let mut nemesis = Nemesis {
-        rng: SmallRng::seed_from_u64(rng.random()),
-        streams: {
-            let network: Vec<SimNemesis> =
-                kinds.iter().copied().filter(|k| k.is_network()).collect();
-            let node: Vec<SimNemesis> = kinds.iter().copied().filter(|k| !k.is_network()).collect();
-            [network, node]
-                .into_iter()
-                .filter(|kinds| !kinds.is_empty())
-                .map(|kinds| Stream {
-                    kinds,
-                    next_at_ms: options.warmup_ms,
-                    active: None,
-                })
-                .collect()
-        },
-        nodes: options.nodes,
-        clients: options.client_hosts,
-        ttl_ms: options.ttl_ms,
-        base_rate_ppm,
-        counts: BTreeMap::new(),
-        events: Vec::new(),
-        disks,
-        wall_clocks,
-        clock_rates,
-        lost_batches: 0,
-    };
+impl Nemesis {
+    /// The nemesis of a run: `kinds` on two streams (network faults, node faults), its own
+    /// generator seeded from `rng`.
+    fn new(
+        options: &SimOptions,
+        kinds: &[FaultKind],
+        rng: &mut SmallRng,
+        nodes: NodeHandles,
+    ) -> Self {
+        Nemesis {
+            rng: SmallRng::seed_from_u64(rng.random()),
+            streams: {
+                let network: Vec<FaultKind> =
+                    kinds.iter().copied().filter(|k| k.is_network()).collect();
+                let node: Vec<FaultKind> =
+                    kinds.iter().copied().filter(|k| !k.is_network()).collect();
+                [network, node]
+                    .into_iter()
+                    .filter(|kinds| !kinds.is_empty())
+                    .map(|kinds| Stream {
+                        kinds,
+                        next_at_ms: options.warmup_ms,
+                        active: None,
+                    })
+                    .collect()
+            },
+            nodes: options.nodes,
+            clients: options.client_hosts,
+            ttl_ms: options.ttl_ms,
+            base_rate_ppm: nodes.base_rate_ppm,
+            counts: BTreeMap::new(),
+            events: Vec::new(),
+            disks: nodes.disks,
+            wall_clocks: nodes.wall_clocks,
+            clock_rates: nodes.clock_rates,
+            lost_batches: 0,
+        }
+    }
+}
 
-    let mut probe = Probe::default();
-    let mut violations: Vec<Violation> = Vec::new();
+/// How a run went, as [`drive`] saw it.
+struct Driven {
+    steps: u64,
+    /// Why the run could not be driven to its end, if it could not.
+    harness_failure: Option<String>,
+}
+
+/// Steps the simulation: faults until the heal, then the stop signal after the liveness bound,
+/// then until every client finished (or a bound passed); the probe checks after every step.
+fn drive(
+    sim: &mut turmoil::Sim<'static>,
+    options: &SimOptions,
+    nemesis: &mut Nemesis,
+    probe: &mut Probe,
+    shared: &Shared,
+    ops: &Mutex<BTreeMap<u64, OpRecord>>,
+    stop: &watch::Sender<Option<Nanos>>,
+) -> Driven {
     let heal_at_ms = options.warmup_ms + options.fault_ms;
     let stop_at_ms = heal_at_ms + options.liveness_bound_ms;
     let give_up_ms = stop_at_ms + options.resolve_ms + 30_000;
@@ -1006,14 +1068,14 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
     loop {
         let now_ms = u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX);
         if now_ms < heal_at_ms {
-            nemesis.tick(now_ms, &mut sim, &shared, &mut probe);
+            nemesis.tick(now_ms, sim, shared, probe);
         } else if !healed {
-            nemesis.heal_all(now_ms, &mut sim);
+            nemesis.heal_all(now_ms, sim);
             healed = true;
         }
         if now_ms >= stop_at_ms && !stopped {
             let deadline = (now_ms + options.resolve_ms).saturating_mul(1_000_000);
-            let _ = stop_tx.send(Some(deadline));
+            let _ = stop.send(Some(deadline));
             stopped = true;
         }
         let finished = match sim.step() {
@@ -1025,7 +1087,7 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
         };
         step += 1;
         probe.check(step, &lock(&shared.registry));
-        if lock(&ops).len() > OPS_MAX {
+        if lock(ops).len() > OPS_MAX {
             harness_failure = Some(format!("more than {OPS_MAX} operations recorded"));
             break;
         }
@@ -1040,24 +1102,37 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
             break;
         }
     }
-    let simulated_ms = u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX);
-    for event in &nemesis.events {
-        probe.trace(
-            event.at_ns,
-            &format!("{} {} {}", event.nemesis, event.start, event.detail),
-        );
+    Driven {
+        steps: step,
+        harness_failure,
     }
-    drop(sim);
-    tenure_storage::seed_raft_randomness(None);
-    if let Some(path) = std::env::var_os("TENURE_SIM_TRACE_FILE") {
-        let _ = std::fs::write(path, probe.trace_lines().join("\n"));
-    }
+}
 
-    violations.extend(probe.violations().iter().cloned());
+/// What [`judge`] needs to know of the run besides its records.
+struct Ran {
+    profile: String,
+    simulated_ms: u64,
+    steps: u64,
+    harness_failure: Option<String>,
+    /// Panics recorded before this run started (the hook is process-wide).
+    panics_before: usize,
+}
+
+/// The run's verdict: the probe's violations, this thread's panics, a harness failure, and the
+/// fault suite's checker (safety and liveness) over the recorded history; the trace hash.
+fn judge(
+    options: &SimOptions,
+    ran: Ran,
+    nemesis: &Nemesis,
+    probe: &Probe,
+    shared: &Shared,
+    clients: &Clients,
+) -> SimReport {
+    let mut violations: Vec<Violation> = probe.violations().to_vec();
     let this_thread = std::thread::current().id();
     let panics: Vec<String> = lock(&PANICS)
         .iter()
-        .skip(panics_before)
+        .skip(ran.panics_before)
         .filter(|(thread, _)| *thread == this_thread)
         .map(|(_, message)| message.clone())
         .collect();
@@ -1070,7 +1145,7 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
             writes: Vec::new(),
         });
     }
-    if let Some(failure) = harness_failure {
+    if let Some(failure) = ran.harness_failure {
         let errors = lock(&shared.host_errors).join("; ");
         violations.push(Violation {
             property: Property::Liveness,
@@ -1082,8 +1157,8 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
     }
 
     let history = History {
-        ops: lock(&ops).values().cloned().collect(),
-        writes: fence.records(),
+        ops: lock(&clients.ops).values().cloned().collect(),
+        writes: clients.fence.records(),
         faults: nemesis.events.clone(),
     };
     let mut trace = Xxh3::new();
@@ -1091,11 +1166,12 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
     if let Ok(bytes) = serde_json::to_vec(&history.ops) {
         trace.update(&bytes);
     }
+    let heal_at_ms = options.warmup_ms + options.fault_ms;
     let check = checker::check(&history, &CheckConfig::default());
     violations.extend(check.violations.iter().cloned());
     violations.extend(checker::check_liveness(
         &history,
-        &task_names,
+        &clients.task_names,
         heal_at_ms.saturating_mul(1_000_000),
         options.liveness_bound_ms.saturating_mul(1_000_000),
     ));
@@ -1105,13 +1181,13 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
         .collect();
     violated.sort();
     violated.dedup();
-    Ok(SimReport {
+    SimReport {
         seed: options.seed,
         nodes: options.nodes,
-        profile,
+        profile: ran.profile,
         faults: nemesis.counts.clone(),
-        simulated_ms,
-        steps: step,
+        simulated_ms: ran.simulated_ms,
+        steps: ran.steps,
         ops_checked: check.ops_checked,
         elections: probe.elections(),
         states_compared: probe.compared_states,
@@ -1122,11 +1198,9 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
         violations: violations.iter().map(|v| v.describe(0)).collect(),
         violated,
         inconclusive: check.inconclusive.clone(),
-    })
+    }
 }
 
-/// Applies the clock rates the nemesis asks for, on the node's host: the clock's new segment
-/// must start at that host's time, which only code running there reads.
 async fn follow_clock_rate(controls: Arc<FaultControls>, mut rates: watch::Receiver<i64>) {
     while rates.changed().await.is_ok() {
         let ppm = *rates.borrow_and_update();

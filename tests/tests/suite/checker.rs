@@ -61,7 +61,8 @@ impl Builder {
             kind,
             request_id,
             lease,
-            ttl_ms: if matches!(kind, OpKind::Acquire | OpKind::Renew) {
+            new_holder: None,
+            ttl_ms: if matches!(kind, OpKind::Acquire | OpKind::Renew | OpKind::Transfer) {
                 TTL
             } else {
                 0
@@ -114,6 +115,32 @@ impl Builder {
             },
             None,
         )
+    }
+
+    /// A successful transfer of lease `sequence` from `holder` to `to`, granting lease
+    /// `new_sequence` at log time `log_ms`.
+    fn transfer(
+        &mut self,
+        holder: &str,
+        sequence: u64,
+        to: &str,
+        new_sequence: u64,
+        at_ms: u64,
+        log_ms: u64,
+    ) -> u64 {
+        let id = self.push(
+            holder,
+            OpKind::Transfer,
+            Some(lease(sequence)),
+            at_ms,
+            Some(10),
+            granted(new_sequence, log_ms, at_ms),
+            None,
+        );
+        if let Some(op) = self.ops.last_mut() {
+            op.new_holder = Some(to.to_string());
+        }
+        id
     }
 
     fn refused(
@@ -653,4 +680,88 @@ fn a_long_contended_history_is_checked_quickly_and_passes() {
         report.ops_checked,
         started.elapsed()
     );
+}
+
+/// A hand-over: alice transfers to bob, who renews, reads and releases; carol's acquire at the
+/// transfer is refused naming bob.
+fn transfer_history() -> Builder {
+    let mut h = Builder::new();
+    h.acquire("alice", 1, 0, 1_000);
+    h.transfer("alice", 1, "bob", 2, 500, 1_500);
+    h.refused("carol", OpKind::Acquire, 600, "ALREADY_HELD", Some("bob"));
+    h.get(700, 2, "bob", "ACTIVE", 1, 1_700);
+    h.renew("bob", 2, 1_000, 2_000);
+    h.release("bob", 2, 1_500, 2_500);
+    h.acquire("carol", 3, 1_700, 2_700);
+    h
+}
+
+#[test]
+fn a_transfer_history_passes() {
+    let report = transfer_history().check();
+    assert_clean(&report);
+    assert_eq!(report.ops_checked, 7);
+}
+
+#[test]
+fn a_transfer_that_does_not_raise_the_token_is_caught() {
+    let mut h = Builder::new();
+    h.acquire("alice", 5, 0, 1_000);
+    h.transfer("alice", 5, "bob", 4, 500, 1_500);
+    let report = h.check();
+    assert_caught(&report, Property::Linearizable);
+    assert_caught(&report, Property::Fencing);
+}
+
+#[test]
+fn the_old_holder_acting_after_a_transfer_is_caught() {
+    let mut h = Builder::new();
+    h.acquire("alice", 1, 0, 1_000);
+    h.transfer("alice", 1, "bob", 2, 500, 1_500);
+    // alice renews her old lease after the hand-over was acknowledged.
+    h.renew("alice", 1, 700, 1_700);
+    let report = h.check();
+    assert_caught(&report, Property::Linearizable);
+    assert_caught(&report, Property::NoLostAck);
+}
+
+#[test]
+fn a_transfer_by_someone_other_than_the_holder_is_caught() {
+    let mut h = Builder::new();
+    h.acquire("alice", 1, 0, 1_000);
+    h.transfer("mallory", 1, "mallory", 2, 500, 1_500);
+    assert_caught(&h.check(), Property::Linearizable);
+}
+
+#[test]
+fn a_read_showing_the_old_holder_after_a_transfer_is_caught() {
+    let mut h = Builder::new();
+    h.acquire("alice", 1, 0, 1_000);
+    h.transfer("alice", 1, "bob", 2, 500, 1_500);
+    h.get(700, 1, "alice", "ACTIVE", 1, 1_700);
+    let report = h.check();
+    assert_caught(&report, Property::Linearizable);
+    assert_caught(&report, Property::NoLostAck);
+}
+
+#[test]
+fn an_unanswered_transfer_revealed_by_a_read_passes() {
+    let mut h = Builder::new();
+    h.acquire("alice", 1, 0, 1_000);
+    let id = h.push(
+        "alice",
+        OpKind::Transfer,
+        Some(lease(1)),
+        500,
+        None,
+        Outcome::Unknown {
+            error: "timed out".into(),
+        },
+        None,
+    );
+    if let Some(op) = h.ops.iter_mut().find(|op| op.id == id) {
+        op.new_holder = Some("bob".into());
+    }
+    h.get(1_000, 2, "bob", "ACTIVE", 1, 2_000);
+    assert_clean(&h.check());
 }

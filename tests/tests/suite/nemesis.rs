@@ -17,7 +17,7 @@ use tenure_tests::fencing::{StoreClient, StoreServer};
 use tenure_tests::harness::cluster::ClusterOptions;
 use tenure_tests::harness::network::NetworkRequest;
 use tenure_tests::harness::run::{KeepDir, RunConfig, run_one, start_ready_cluster};
-use tenure_tests::harness::schedule::{NemesisKind, PlanShape, plan};
+use tenure_tests::harness::schedule::{FaultKind, PlanShape, plan};
 use tenure_tests::harness::zombie::ZombieLine;
 use tenure_tests::history::{FencedWrite, mono_now_ns};
 
@@ -39,7 +39,7 @@ fn runtime() -> tokio::runtime::Runtime {
 struct Case {
     seed: u64,
     nodes: u64,
-    kinds: Vec<NemesisKind>,
+    kinds: Vec<FaultKind>,
     combined: bool,
     network: NetworkRequest,
     seconds: u64,
@@ -49,8 +49,8 @@ struct Case {
 /// on 5 nodes, and a run on the loopback fallback (the nodes' fault layer instead of
 /// iptables). Seeds were chosen so each run's plan has every nemesis it names (checked below).
 fn corpus() -> Vec<Case> {
-    use NemesisKind::*;
-    let case = |seed, nodes, kinds: &[NemesisKind], combined, network, seconds| Case {
+    use FaultKind::*;
+    let case = |seed, nodes, kinds: &[FaultKind], combined, network, seconds| Case {
         seed,
         nodes,
         kinds: kinds.to_vec(),
@@ -70,7 +70,7 @@ fn corpus() -> Vec<Case> {
             20,
         ),
         case(14, 3, &[ClockRate, ClockJump, SlowDisk], false, auto, 20),
-        case(17, 5, &NemesisKind::ALL, true, auto, 25),
+        case(17, 5, &FaultKind::FAULT_SUITE, true, auto, 25),
         case(
             15,
             3,
@@ -114,7 +114,7 @@ fn the_short_corpus_plans_every_nemesis() {
         }
         planned.extend(steps.iter().map(|s| s.fault.kind()));
     }
-    assert_eq!(planned.len(), NemesisKind::ALL.len(), "{planned:?}");
+    assert_eq!(planned.len(), FaultKind::FAULT_SUITE.len(), "{planned:?}");
 }
 
 #[test]
@@ -172,7 +172,7 @@ fn short_fault_runs_find_no_violation() {
 
 #[test]
 fn each_negative_control_is_caught_in_a_real_cluster() {
-    use NemesisKind::*;
+    use FaultKind::*;
     use Property::*;
     let _one = one_at_a_time();
     let runtime = runtime();

@@ -9,7 +9,8 @@
 use std::collections::BTreeSet;
 
 use tenure_core::NegativeControl;
-use tenure_tests::sim::{SimNemesis, SimOptions, SimReport, profile_for, run};
+use tenure_tests::faults::FaultKind;
+use tenure_tests::sim::{SimOptions, SimReport, profile_for, run};
 
 use crate::one_at_a_time;
 
@@ -79,11 +80,11 @@ fn the_corpus_covers_every_nemesis_alone_and_combined_on_3_and_5_nodes() {
         if kinds.len() == 1 {
             alone.insert(kinds[0]);
         } else {
-            assert_eq!(kinds.len(), SimNemesis::ALL.len());
+            assert_eq!(kinds.len(), FaultKind::SIMULATION.len());
             combined_on.insert(nodes);
         }
     }
-    assert_eq!(alone.len(), SimNemesis::ALL.len(), "alone: {alone:?}");
+    assert_eq!(alone.len(), FaultKind::SIMULATION.len(), "alone: {alone:?}");
     assert_eq!(combined_on, BTreeSet::from([3, 5]));
 }
 
@@ -150,14 +151,14 @@ type ControlCase = (
     &'static str,
     NegativeControl,
     Option<i64>,
-    Vec<SimNemesis>,
+    Vec<FaultKind>,
     Vec<&'static str>,
 );
 
 #[test]
 fn each_negative_control_is_caught_in_simulation() {
     let _one = one_at_a_time();
-    use SimNemesis::*;
+    use FaultKind::*;
     let dir = scratch();
     // (name, control, out-of-bound drift, nemeses, properties of which one must be violated)
     let cases: Vec<ControlCase> = vec![
@@ -165,35 +166,35 @@ fn each_negative_control_is_caught_in_simulation() {
             "skip-expiry-check",
             NegativeControl::SkipExpiryCheck,
             None,
-            vec![ClockDrift],
+            vec![ClockRate],
             vec!["single-holder", "linearizable"],
         ),
         (
             "disable-deduplication",
             NegativeControl::DisableDeduplication,
             None,
-            vec![ClockDrift],
+            vec![ClockRate],
             vec!["exactly-once"],
         ),
         (
             "reset-tokens-on-new-leader",
             NegativeControl::ResetTokensOnNewLeader,
             None,
-            vec![Crash, IsolateLeader],
+            vec![Kill, PartitionLeader],
             vec!["fencing"],
         ),
         (
             "expire-by-wall-clock",
             NegativeControl::ExpireByWallClock,
             None,
-            vec![WallClockJump],
+            vec![ClockJump],
             vec!["single-holder", "linearizable", "fencing"],
         ),
         (
             "out-of-bound-drift",
             NegativeControl::None,
             Some(100_000),
-            vec![HoldClient],
+            vec![PauseClient],
             vec!["single-holder", "linearizable"],
         ),
     ];

@@ -1,5 +1,5 @@
 //! `tenurectl`: the command-line tool of tenure, for people and scripts. It acquires, renews,
-//! releases, reads and lists leases, and reports the cluster's status (nodes, leaders, lag), all
+//! releases, transfers, reads and lists leases, and reports the cluster's status (nodes, leaders, lag), all
 //! through the `tenure-client` library over the native QUIC protocol.
 //!
 //! Output is aligned text (`-o table`, the default) or exactly one JSON object on stdout
@@ -45,7 +45,8 @@ use tenure_client::{
 const GLOBAL: &str = "Global options";
 
 const LONG_ABOUT: &str = "\
-tenurectl: acquire, renew, release, read and list tenure leases, and show the cluster's status.
+tenurectl: acquire, renew, release, transfer, read and list tenure leases, and show the
+cluster's status.
 
 Point it at a cluster with --cluster FILE (the cluster.json `tenure dev` writes, e.g.
 tenure-dev/cluster.json) or with --endpoints LIST --ca-cert FILE. Without --token (or
@@ -70,7 +71,7 @@ Exit codes:
 
 /// Command line.
 #[derive(Debug, Parser)]
-#[command(name = "tenurectl", version, about = "Acquire, renew, release, read and list tenure leases; show the cluster's status.", long_about = LONG_ABOUT)]
+#[command(name = "tenurectl", version, about = "Acquire, renew, release, transfer, read and list tenure leases; show the cluster's status.", long_about = LONG_ABOUT)]
 struct Cli {
     /// The cluster file `tenure dev` writes (nodes, groups, CA certificate).
     #[arg(long, value_name = "FILE", global = true, help_heading = GLOBAL)]
@@ -167,6 +168,28 @@ enum Command {
         /// The holder the lease was granted to.
         #[arg(long, value_name = "HOLDER")]
         holder: String,
+        /// Request id for deduplication.
+        #[arg(long, value_name = "ID")]
+        request_id: Option<String>,
+    },
+    /// Hand a lease to a new holder in one step: the old lease ends and the new holder's
+    /// begins at once (nobody else can take the resource in between), with a new lease id and a
+    /// higher fencing token. Prints the new holder's grant.
+    Transfer {
+        #[command(flatten)]
+        resource: ResourceArgs,
+        /// The lease id being handed over (gggggggg-ssssssssssssssss).
+        #[arg(long, value_name = "LEASE_ID", value_parser = parse_lease_id)]
+        lease_id: LeaseId,
+        /// Its current holder.
+        #[arg(long, value_name = "HOLDER")]
+        holder: String,
+        /// Who holds the resource afterwards.
+        #[arg(long = "to", value_name = "NEW_HOLDER")]
+        new_holder: String,
+        /// The new lease's ttl in milliseconds, counted from the transfer.
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        ttl_ms: u64,
         /// Request id for deduplication.
         #[arg(long, value_name = "ID")]
         request_id: Option<String>,
@@ -383,6 +406,35 @@ async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
                 ("released_at_ms", json!(receipt.released_at_ms)),
                 ("released", json!(true)),
             ]))
+        }
+        Command::Transfer {
+            resource,
+            lease_id,
+            holder,
+            new_holder,
+            ttl_ms,
+            request_id,
+        } => {
+            let transferred = client
+                .transfer(
+                    resource.key(),
+                    lease_id,
+                    holder,
+                    new_holder,
+                    Duration::from_millis(ttl_ms),
+                    request_id,
+                )
+                .await?;
+            let mut fields = grant_fields(&transferred.grant);
+            fields.push((
+                "previous_lease_id",
+                json!(transferred.released.lease_id.to_string()),
+            ));
+            fields.push((
+                "previous_fencing_token",
+                json!(transferred.released.fencing_token),
+            ));
+            Ok(fields_report(fields))
         }
         Command::Get { resource, stale } => {
             let key = resource.key();

@@ -158,23 +158,26 @@ fn push_part(scratch: &mut Vec<u8>, part: &[u8]) {
 }
 
 /// Digest of everything in a request besides its key and request id: reusing a request id for
-/// anything else (another operation, holder, lease or ttl) changes it. (Compared only after the
-/// identity matched, i.e. between requests of one tenant on one resource.)
+/// anything else (another operation, holder, lease, ttl or new holder) changes it. (Compared
+/// only after the identity matched, i.e. between requests of one tenant on one resource.)
+///
+/// The bytes hashed are part of the snapshot format (records store the digest): kind tag,
+/// holder, then the lease id, the ttl and the new holder when the operation has them. An
+/// operation without a new holder hashes exactly what it did before Transfer existed.
 pub(crate) fn fingerprint(op: &LeaseOp, scratch: &mut Vec<u8>) -> u64 {
-    let (tag, holder, lease, ttl_ms): (u8, &str, Option<_>, Option<u64>) = match op {
-        LeaseOp::Acquire(r) => (1, &r.holder_id, None, Some(r.ttl_ms)),
-        LeaseOp::Renew(r) => (2, &r.holder_id, Some(r.lease_id), Some(r.ttl_ms)),
-        LeaseOp::Release(r) => (3, &r.holder_id, Some(r.lease_id), None),
-    };
+    let parts = op.parts();
     scratch.clear();
-    scratch.push(tag);
-    push_part(scratch, holder.as_bytes());
-    if let Some(lease) = lease {
+    scratch.push(parts.kind.fingerprint_tag());
+    push_part(scratch, parts.holder_id.as_bytes());
+    if let Some(lease) = parts.lease_id {
         scratch.extend_from_slice(&lease.group_id.0.to_le_bytes());
         scratch.extend_from_slice(&lease.sequence.to_le_bytes());
     }
-    if let Some(ttl_ms) = ttl_ms {
+    if let Some(ttl_ms) = parts.ttl_ms {
         scratch.extend_from_slice(&ttl_ms.to_le_bytes());
+    }
+    if let Some(new_holder_id) = parts.new_holder_id {
+        push_part(scratch, new_holder_id.as_bytes());
     }
     xxh3_64(scratch)
 }

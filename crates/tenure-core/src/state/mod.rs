@@ -27,12 +27,14 @@ use compact_str::CompactString;
 use hashbrown::{HashMap, HashTable};
 use serde::{Deserialize, Serialize};
 
-pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SnapshotError, SnapshotStats};
+pub use snapshot::{
+    SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN, SnapshotError, SnapshotStats,
+};
 
 use crate::command::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOutcome,
     LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest, ReclaimedLease, ReleaseReceipt,
-    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus,
+    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, TransferReceipt, TransferRequest,
 };
 use crate::error::{LeaseError, QuotaKind};
 use crate::ids::{GroupId, LeaseId, ResourceKey};
@@ -304,11 +306,8 @@ impl LeaseStateMachine {
             .key()
             .validate()
             .and_then(|()| validate_request_id(op.request_id()))
-            .and_then(|()| match op {
-                LeaseOp::Acquire(r) => validate_holder_id(&r.holder_id),
-                LeaseOp::Renew(r) => validate_holder_id(&r.holder_id),
-                LeaseOp::Release(r) => validate_holder_id(&r.holder_id),
-            });
+            .and_then(|()| validate_holder_id(op.holder_id()))
+            .and_then(|()| op.parts().new_holder_id.map_or(Ok(()), validate_holder_id));
         if let Err(err) = checked {
             return fresh(Err(err));
         }
@@ -316,12 +315,7 @@ impl LeaseStateMachine {
             .negative_control
             .breaks(NegativeControl::DisableDeduplication)
         {
-            let result = match op {
-                LeaseOp::Acquire(r) => self.acquire(r, now_ms, reclaimed),
-                LeaseOp::Renew(r) => self.renew(r, now_ms),
-                LeaseOp::Release(r) => self.release(r, now_ms),
-            };
-            return fresh(result);
+            return fresh(self.decide(op, now_ms, reclaimed));
         }
         let fingerprint = dedup::fingerprint(op, &mut self.scratch);
         dedup::pack_op_identity(op, &mut self.scratch);
@@ -343,11 +337,7 @@ impl LeaseStateMachine {
         if let Err(err) = self.dedup.reserve_one(&self.scratch, now_ms, &self.limits) {
             return fresh(Err(err));
         }
-        let result = match op {
-            LeaseOp::Acquire(r) => self.acquire(r, now_ms, reclaimed),
-            LeaseOp::Renew(r) => self.renew(r, now_ms),
-            LeaseOp::Release(r) => self.release(r, now_ms),
-        };
+        let result = self.decide(op, now_ms, reclaimed);
         // Retryable refusals had no effect and must not stick to the request id.
         if !result.as_ref().is_err_and(LeaseError::retryable) {
             // `scratch` still holds the packed identity: nothing above uses it.
@@ -355,6 +345,21 @@ impl LeaseStateMachine {
                 .record(&self.scratch, fingerprint, now_ms, result.clone());
         }
         fresh(result)
+    }
+
+    /// What a (validated, not replayed) operation does to the state.
+    fn decide(
+        &mut self,
+        op: &LeaseOp,
+        now_ms: u64,
+        reclaimed: &mut Vec<ReclaimedLease>,
+    ) -> Result<LeaseReply, LeaseError> {
+        match op {
+            LeaseOp::Acquire(r) => self.acquire(r, now_ms, reclaimed),
+            LeaseOp::Renew(r) => self.renew(r, now_ms),
+            LeaseOp::Release(r) => self.release(r, now_ms),
+            LeaseOp::Transfer(r) => self.transfer(r, now_ms),
+        }
     }
 
     /// How a stored outcome stands at `now_ms` (contract 3.4): a replayed grant never reports
@@ -367,11 +372,15 @@ impl LeaseStateMachine {
             expires_at_ms: expires_at_ms.min(now_ms),
             remaining_ttl_ms: 0,
         };
+        // A replayed transfer stands for the lease it granted (the new holder's), like a grant.
         let grant = match &record.outcome {
-            Ok(LeaseReply::Acquired(grant) | LeaseReply::Renewed(grant)) => grant,
-            Ok(LeaseReply::Released(receipt)) => {
-                return ended(ReplayStatus::Released, receipt.released_at_ms);
-            }
+            Ok(reply) => match (reply.grant(), reply.ended()) {
+                (Some(grant), _) => grant,
+                (None, Some(receipt)) => {
+                    return ended(ReplayStatus::Released, receipt.released_at_ms);
+                }
+                (None, None) => return ended(ReplayStatus::NotAGrant, now_ms),
+            },
             Err(_) => return ended(ReplayStatus::NotAGrant, now_ms),
         };
         // The resource's record, if it is still the granted lease (an invisible record counts
@@ -522,20 +531,11 @@ impl LeaseStateMachine {
     }
 
     fn renew(&mut self, request: &RenewRequest, now_ms: u64) -> Result<LeaseReply, LeaseError> {
-        let tenant = self
-            .tenant_index
-            .get(request.key.tenant_id.as_str())
-            .copied();
-        let default_policy = TenantPolicy::default();
-        let policy = tenant.map_or(&default_policy, |t| &self.tenants[t as usize].policy);
-        check_ttl(request.ttl_ms, policy, &self.limits)?;
-        let ttl_ms = u32::try_from(request.ttl_ms)
-            .map_err(|_| LeaseError::invalid("ttl_ms", "does not fit the state's 32-bit ttl"))?;
-        let slot = self.current_lease_slot(
-            tenant,
-            &request.key.resource_id,
+        let (slot, ttl_ms) = self.extendable_lease(
+            &request.key,
             request.lease_id,
             &request.holder_id,
+            request.ttl_ms,
             now_ms,
         )?;
         let expires_at_ms = now_ms.saturating_add(request.ttl_ms);
@@ -584,7 +584,87 @@ impl LeaseStateMachine {
         }))
     }
 
-    /// The checks of Renew and Release, in the contract's order: NOT_FOUND, LEASE_EXPIRED (also
+    /// Ends the resource's active lease and grants the resource to `new_holder_id` at the same
+    /// log time, with a new lease id and the next fencing token. The record is reused, so the
+    /// tenant's active-lease count is unchanged and no other request can come between the end of
+    /// one lease and the start of the next. The checks are Renew's (ttl bounds, then NOT_FOUND,
+    /// LEASE_EXPIRED, LEASE_MISMATCH), so only the current holder of an active lease can hand it
+    /// over.
+    fn transfer(
+        &mut self,
+        request: &TransferRequest,
+        now_ms: u64,
+    ) -> Result<LeaseReply, LeaseError> {
+        let (slot, ttl_ms) = self.extendable_lease(
+            &request.key,
+            request.lease_id,
+            &request.holder_id,
+            request.ttl_ms,
+            now_ms,
+        )?;
+        let record = self.record(slot);
+        let (old_lease_id, old_token, old_indexed, tenant) = (
+            record.lease_id(),
+            record.fencing_token,
+            record.indexed_expiry_ms,
+            record.tenant,
+        );
+        let token = self.take_sequence();
+        // Safety invariant (contract 3.2): the new holder's token exceeds the old holder's.
+        assert!(
+            token > old_token
+                || self
+                    .negative_control
+                    .breaks(NegativeControl::ResetTokensOnNewLeader),
+            "fencing token would not increase"
+        );
+        let expires_at_ms = now_ms.saturating_add(request.ttl_ms);
+        self.by_expiry.remove(&(old_indexed, slot));
+        self.by_expiry.insert((expires_at_ms, slot));
+        self.by_tenant.remove(&(tenant, old_token, slot));
+        self.by_tenant.insert((tenant, token, slot));
+        let group = self.group_id.0;
+        let record = self.record_mut(slot);
+        record.holder_id = CompactString::from(request.new_holder_id.as_str());
+        record.fencing_token = token;
+        record.expires_at_ms = expires_at_ms;
+        record.indexed_expiry_ms = expires_at_ms;
+        record.origin_group = group;
+        record.ttl_ms = ttl_ms;
+        record.version = 1;
+        record.status = RecordStatus::Active;
+        Ok(LeaseReply::Transferred(TransferReceipt {
+            released: ReleaseReceipt {
+                lease_id: old_lease_id,
+                fencing_token: old_token,
+                released_at_ms: now_ms,
+            },
+            grant: grant(record_view_parts(record), now_ms, true),
+        }))
+    }
+
+    /// The checks of Renew and Transfer: the new ttl within the tenant's bounds, then
+    /// [`Self::current_lease_slot`]'s. The slot and the ttl as the record stores it.
+    fn extendable_lease(
+        &self,
+        key: &ResourceKey,
+        lease_id: LeaseId,
+        holder_id: &str,
+        ttl_ms: u64,
+        now_ms: u64,
+    ) -> Result<(u32, u32), LeaseError> {
+        let tenant = self.tenant_index.get(key.tenant_id.as_str()).copied();
+        let default_policy = TenantPolicy::default();
+        let policy = tenant.map_or(&default_policy, |t| &self.tenants[t as usize].policy);
+        check_ttl(ttl_ms, policy, &self.limits)?;
+        let stored_ttl_ms = u32::try_from(ttl_ms)
+            .map_err(|_| LeaseError::invalid("ttl_ms", "does not fit the state's 32-bit ttl"))?;
+        let slot =
+            self.current_lease_slot(tenant, &key.resource_id, lease_id, holder_id, now_ms)?;
+        Ok((slot, stored_ttl_ms))
+    }
+
+    /// The checks of Renew, Release and Transfer, in the contract's order: NOT_FOUND, LEASE_EXPIRED (also
     /// for released), LEASE_MISMATCH.
     fn current_lease_slot(
         &self,

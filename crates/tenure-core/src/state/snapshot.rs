@@ -33,9 +33,15 @@ use crate::ids::GroupId;
 use crate::limits::GroupLimits;
 use crate::validate::{validate_holder_id, validate_resource_id, validate_tenant_id};
 
-/// The snapshot format this build writes and reads. Version 2 (issue 19): request-id records
-/// carry their full identity instead of a hash of it.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
+/// The snapshot format this build writes (and the newest it reads).
+///
+/// - 2: request-id records carry their full identity instead of a hash of it.
+/// - 3: the same layout; a request-id record's outcome may be `LeaseReply::Transferred` (an
+///   appended variant a version-2 reader cannot decode), so older builds refuse it by version.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
+
+/// The oldest snapshot format this build reads (2 and 3 share their layout).
+pub const SNAPSHOT_FORMAT_VERSION_MIN: u32 = 2;
 
 const MAGIC: &[u8; 8] = b"TENURESN";
 /// Largest frame accepted: a corrupted length cannot make the reader allocate more than this.
@@ -53,7 +59,8 @@ pub enum SnapshotError {
     BadMagic,
     /// The format version is not one this build reads.
     #[error(
-        "snapshot format version {found} is not supported (this build reads {SNAPSHOT_FORMAT_VERSION})"
+        "snapshot format version {found} is not supported (this build reads \
+         {SNAPSHOT_FORMAT_VERSION_MIN} to {SNAPSHOT_FORMAT_VERSION})"
     )]
     UnsupportedVersion {
         /// The version found.
@@ -260,7 +267,7 @@ impl LeaseStateMachine {
             return Err(SnapshotError::BadMagic);
         }
         let version = u32::from_le_bytes(input.raw::<4>()?);
-        if version != SNAPSHOT_FORMAT_VERSION {
+        if !(SNAPSHOT_FORMAT_VERSION_MIN..=SNAPSHOT_FORMAT_VERSION).contains(&version) {
             return Err(SnapshotError::UnsupportedVersion { found: version });
         }
         let meta: Meta = input.frame("meta")?;

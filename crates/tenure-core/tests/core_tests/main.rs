@@ -7,3 +7,4 @@ mod model;
 mod operations;
 mod quotas;
 mod snapshot;
+mod transfer;

@@ -23,7 +23,7 @@ use tenure_core::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, GroupId, GroupLimits, LeaseError,
     LeaseGrant, LeaseId, LeaseOp, LeaseOutcome, LeaseReply, LeaseStateMachine, LeaseStatus,
     QuotaKind, ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState, ReplayStatus,
-    ResourceKey, StateOptions, TenantPolicy,
+    ResourceKey, StateOptions, TenantPolicy, TransferReceipt, TransferRequest,
 };
 
 const GROUP: GroupId = GroupId(3);
@@ -78,7 +78,7 @@ enum Action {
 
 fn op_spec() -> impl Strategy<Value = OpSpec> {
     (
-        0u8..3,
+        0u8..4,
         0..TENANTS.len(),
         0..RESOURCES.len(),
         0..HOLDERS.len(),
@@ -144,7 +144,7 @@ struct MRecord {
     version: u64,
 }
 
-type Fingerprint = (u8, String, Option<LeaseId>, Option<u64>);
+type Fingerprint = (u8, String, Option<LeaseId>, Option<u64>, Option<String>);
 type Outcome = Result<LeaseReply, LeaseError>;
 
 /// The contract, stated as plainly as possible: maps, no indexes, no laziness.
@@ -226,9 +226,22 @@ impl Model {
             op.request_id().to_owned(),
         );
         let fingerprint: Fingerprint = match op {
-            LeaseOp::Acquire(r) => (1, r.holder_id.clone(), None, Some(r.ttl_ms)),
-            LeaseOp::Renew(r) => (2, r.holder_id.clone(), Some(r.lease_id), Some(r.ttl_ms)),
-            LeaseOp::Release(r) => (3, r.holder_id.clone(), Some(r.lease_id), None),
+            LeaseOp::Acquire(r) => (1, r.holder_id.clone(), None, Some(r.ttl_ms), None),
+            LeaseOp::Renew(r) => (
+                2,
+                r.holder_id.clone(),
+                Some(r.lease_id),
+                Some(r.ttl_ms),
+                None,
+            ),
+            LeaseOp::Release(r) => (3, r.holder_id.clone(), Some(r.lease_id), None, None),
+            LeaseOp::Transfer(r) => (
+                4,
+                r.holder_id.clone(),
+                Some(r.lease_id),
+                Some(r.ttl_ms),
+                Some(r.new_holder_id.clone()),
+            ),
         };
         if let Some((at, fp, outcome)) = self.dedup.get(&dedup_key)
             && at + self.limits.dedup_retention_ms > now
@@ -251,6 +264,7 @@ impl Model {
             LeaseOp::Acquire(r) => self.acquire(r, now, reclaimed),
             LeaseOp::Renew(r) => self.renew(r, now),
             LeaseOp::Release(r) => self.release(r, now),
+            LeaseOp::Transfer(r) => self.transfer(r, now),
         };
         self.dedup
             .insert(dedup_key, (now, fingerprint, result.clone()));
@@ -278,7 +292,11 @@ impl Model {
             remaining_ttl_ms: 0,
         };
         let grant = match outcome {
-            Ok(LeaseReply::Acquired(grant) | LeaseReply::Renewed(grant)) => grant,
+            Ok(
+                LeaseReply::Acquired(grant)
+                | LeaseReply::Renewed(grant)
+                | LeaseReply::Transferred(TransferReceipt { grant, .. }),
+            ) => grant,
             Ok(LeaseReply::Released(receipt)) => {
                 return ended(ReplayStatus::Released, receipt.released_at_ms);
             }
@@ -410,6 +428,37 @@ impl Model {
         }))
     }
 
+    fn transfer(&mut self, r: &TransferRequest, now: u64) -> Outcome {
+        self.check_ttl(&r.key.tenant_id, r.ttl_ms)?;
+        let token = self.next_token;
+        let record = self.current(&r.key, r.lease_id, &r.holder_id, now)?;
+        let released = ReleaseReceipt {
+            lease_id: r.lease_id,
+            fencing_token: record.token,
+            released_at_ms: now,
+        };
+        *record = MRecord {
+            holder: r.new_holder_id.clone(),
+            token,
+            expires_at: now + r.ttl_ms,
+            ttl: r.ttl_ms,
+            status: MStatus::Active,
+            version: 1,
+        };
+        self.next_token += 1;
+        Ok(LeaseReply::Transferred(TransferReceipt {
+            released,
+            grant: LeaseGrant {
+                lease_id: lease_id(token),
+                fencing_token: token,
+                log_time_ms: now,
+                expires_at_ms: now + r.ttl_ms,
+                ttl_ms: r.ttl_ms,
+                created: true,
+            },
+        }))
+    }
+
     fn expected_status(
         &self,
         key: &ResourceKey,
@@ -521,6 +570,30 @@ impl SafetyChecker {
                 let current = current.unwrap();
                 prop_assert_eq!(current.0, receipt.fencing_token);
                 current.2 = now;
+            }
+            Ok(LeaseReply::Transferred(receipt)) => {
+                // The old lease ends and the new one starts at the same log time: the holder
+                // changes with no gap and no overlap, and the token grows.
+                let LeaseOp::Transfer(r) = op else {
+                    unreachable!()
+                };
+                let current = self.current.get_mut(&key);
+                prop_assert!(current.is_some(), "transferred a lease never granted");
+                let current = current.unwrap();
+                prop_assert_eq!(current.0, receipt.released.fencing_token);
+                prop_assert_eq!(&current.1, &r.holder_id, "transferred by a non-holder");
+                prop_assert!(current.2 > now, "transferred a lease that had ended");
+                prop_assert!(
+                    receipt.grant.fencing_token > current.0,
+                    "transfer did not raise the token"
+                );
+                *current = (
+                    receipt.grant.fencing_token,
+                    r.new_holder_id.clone(),
+                    receipt.grant.expires_at_ms,
+                );
+                self.last_token
+                    .insert(key.clone(), receipt.grant.fencing_token);
             }
             Err(_) => {}
         }
@@ -642,10 +715,18 @@ impl Run {
                 ttl_ms: TTLS[spec.ttl],
                 request_id,
             }),
-            _ => LeaseOp::Release(ReleaseRequest {
+            2 => LeaseOp::Release(ReleaseRequest {
                 key,
                 lease_id: lease,
                 holder_id: holder,
+                request_id,
+            }),
+            _ => LeaseOp::Transfer(TransferRequest {
+                key,
+                lease_id: lease,
+                holder_id: holder,
+                new_holder_id: HOLDERS[(spec.holder + 1) % HOLDERS.len()].to_owned(),
+                ttl_ms: TTLS[spec.ttl],
                 request_id,
             }),
         }
@@ -662,6 +743,7 @@ impl Run {
             (Ok(LeaseReply::Acquired(_)), _) => "acquired",
             (Ok(LeaseReply::Renewed(_)), _) => "renewed",
             (Ok(LeaseReply::Released(_)), _) => "released",
+            (Ok(LeaseReply::Transferred(_)), _) => "transferred",
             (Err(e), _) => e.code().as_str(),
         };
         if !self.model_enabled {
@@ -680,6 +762,13 @@ impl Run {
         if let (Ok(LeaseReply::Acquired(grant)), LeaseOp::Acquire(r)) = (&real.result, op) {
             self.leases
                 .push((grant.lease_id, r.holder_id.clone(), r.key.clone()));
+        }
+        if let (Ok(LeaseReply::Transferred(receipt)), LeaseOp::Transfer(r)) = (&real.result, op) {
+            self.leases.push((
+                receipt.grant.lease_id,
+                r.new_holder_id.clone(),
+                r.key.clone(),
+            ));
         }
         Ok(())
     }
@@ -911,6 +1000,7 @@ fn random_histories_match_the_model_and_keep_every_safety_property() {
         "acquired",
         "renewed",
         "released",
+        "transferred",
         "replayed",
         "ALREADY_HELD",
         "LEASE_EXPIRED",

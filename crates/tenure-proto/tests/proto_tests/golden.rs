@@ -20,7 +20,8 @@ use bytes::{Bytes, BytesMut};
 use tenure_core::{
     AcquireRequest, ErrorCode, GroupId, LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply,
     LeaseStatus, LeaseView, ListPage, ListRequest, OverloadReason, QuotaKind, ReleaseReceipt,
-    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey,
+    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey, TransferReceipt,
+    TransferRequest,
 };
 use tenure_golden::Golden;
 use tenure_proto::client::{
@@ -116,6 +117,17 @@ fn release() -> ReleaseRequest {
     }
 }
 
+fn transfer() -> TransferRequest {
+    TransferRequest {
+        key: key(),
+        lease_id: lease_id(),
+        holder_id: "worker-1".into(),
+        new_holder_id: "worker-2".into(),
+        ttl_ms: 45_000,
+        request_id: "req-4".into(),
+    }
+}
+
 fn node_address(node_id: u64) -> NodeAddress {
     NodeAddress {
         node_id,
@@ -189,7 +201,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         principal: None,
         body,
     };
-    let mut forwarded = request(10, RequestBody::Acquire(acquire()));
+    let mut forwarded = request(10, RequestBody::Lease(LeaseOp::Acquire(acquire())));
     forwarded.flags = RequestFlags {
         forward: false,
         stale_read: false,
@@ -216,9 +228,22 @@ fn requests() -> Vec<(&'static str, Request)> {
             ),
         ),
         ("routing", request(2, RequestBody::Routing)),
-        ("acquire", request(3, RequestBody::Acquire(acquire()))),
-        ("renew", request(4, RequestBody::Renew(renew()))),
-        ("release", request(5, RequestBody::Release(release()))),
+        (
+            "acquire",
+            request(3, RequestBody::Lease(LeaseOp::Acquire(acquire()))),
+        ),
+        (
+            "renew",
+            request(4, RequestBody::Lease(LeaseOp::Renew(renew()))),
+        ),
+        (
+            "release",
+            request(5, RequestBody::Lease(LeaseOp::Release(release()))),
+        ),
+        (
+            "transfer",
+            request(12, RequestBody::Lease(LeaseOp::Transfer(transfer()))),
+        ),
         ("get", request(6, RequestBody::Get { key: key() })),
         (
             "list",
@@ -326,6 +351,23 @@ fn responses() -> Vec<(&'static str, Response)> {
             ok(
                 4,
                 ResponseBody::Lease(lease(LeaseReply::Renewed(grant(false)), true)),
+            ),
+        ),
+        (
+            "lease_transferred",
+            ok(
+                12,
+                ResponseBody::Lease(lease(
+                    LeaseReply::Transferred(TransferReceipt {
+                        released: ReleaseReceipt {
+                            lease_id: lease_id(),
+                            fencing_token: 0x0102_0304,
+                            released_at_ms: 1_700_000_000_000,
+                        },
+                        grant: grant(true),
+                    }),
+                    false,
+                )),
             ),
         ),
         (

@@ -40,6 +40,20 @@ pub(super) struct ReleaseJson {
 }
 
 #[derive(Deserialize)]
+pub(super) struct TransferJson {
+    pub(super) tenant_id: String,
+    pub(super) resource_id: String,
+    pub(super) lease_id: String,
+    pub(super) holder_id: String,
+    pub(super) new_holder_id: String,
+    #[serde(default)]
+    pub(super) ttl_seconds: Option<serde_json::Number>,
+    #[serde(default)]
+    pub(super) ttl_ms: Option<u64>,
+    pub(super) request_id: String,
+}
+
+#[derive(Deserialize)]
 pub(super) struct GetQuery {
     #[serde(default)]
     pub(super) stale: Option<bool>,
@@ -78,6 +92,17 @@ pub(super) struct GrantJson {
     pub(super) expires_at_log_ms: u64,
     pub(super) replayed: bool,
     pub(super) group_id: u32,
+}
+
+/// A transfer's answer: the new holder's grant (the [`GrantJson`] fields, `created: true`), who
+/// holds it, and the lease that ended.
+#[derive(Serialize)]
+pub(super) struct TransferredJson {
+    #[serde(flatten)]
+    pub(super) grant: GrantJson,
+    pub(super) holder_id: String,
+    pub(super) previous_lease_id: String,
+    pub(super) previous_fencing_token: u64,
 }
 
 #[derive(Serialize)]

@@ -1,5 +1,5 @@
-//! Handlers of the lease routes (acquire, renew, release, get, list): decode, call the request
-//! path, encode.
+//! Handlers of the lease routes (acquire, renew, release, transfer, get, list): decode, call the
+//! request path, encode.
 //!
 //! Must not depend on: the node's internals (only the request path's `Service`).
 
@@ -22,7 +22,7 @@ pub(super) async fn acquire(
     grant_call(
         &state,
         &caller,
-        RequestBody::Acquire(request),
+        RequestBody::Lease(LeaseOp::Acquire(request)),
         false,
         arrived,
     )
@@ -74,7 +74,14 @@ pub(super) async fn renew(
         ttl_ms,
         request_id: body.request_id,
     };
-    grant_call(&state, &caller, RequestBody::Renew(request), true, arrived).await
+    grant_call(
+        &state,
+        &caller,
+        RequestBody::Lease(LeaseOp::Renew(request)),
+        true,
+        arrived,
+    )
+    .await
 }
 
 pub(super) async fn release(
@@ -91,7 +98,11 @@ pub(super) async fn release(
         request_id: body.request_id,
     };
     match state
-        .call(&caller, false, RequestBody::Release(request))
+        .call(
+            &caller,
+            false,
+            RequestBody::Lease(LeaseOp::Release(request)),
+        )
         .await?
     {
         ResponseBody::Lease(result) => match result.reply {
@@ -114,6 +125,53 @@ pub(super) async fn release(
             )),
         },
         other => Err(unexpected("release", &other)),
+    }
+}
+
+pub(super) async fn transfer(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(body): JsonBody<TransferJson>,
+) -> Result<Response, ApiError> {
+    let arrived = SystemTime::now();
+    auth::check_tenant(&caller.principal, &body.tenant_id)?;
+    let ttl_ms = ttl_from_json(body.ttl_seconds.as_ref(), body.ttl_ms)?;
+    let request = TransferRequest {
+        key: ResourceKey::new(body.tenant_id, body.resource_id),
+        lease_id: parse_lease_id(&body.lease_id)?,
+        holder_id: body.holder_id,
+        new_holder_id: body.new_holder_id.clone(),
+        ttl_ms,
+        request_id: body.request_id,
+    };
+    match state
+        .call(
+            &caller,
+            false,
+            RequestBody::Lease(LeaseOp::Transfer(request)),
+        )
+        .await?
+    {
+        ResponseBody::Lease(result) => match result.reply {
+            LeaseReply::Transferred(receipt) => Ok(axum::Json(TransferredJson {
+                grant: grant_json(
+                    receipt.grant,
+                    arrived,
+                    (result.replayed, result.replay),
+                    result.group_id,
+                    false,
+                ),
+                holder_id: body.new_holder_id,
+                previous_lease_id: receipt.released.lease_id.to_string(),
+                previous_fencing_token: receipt.released.fencing_token,
+            })
+            .into_response()),
+            _ => Err(ApiError::new(
+                ErrorCode::Internal,
+                "the service answered transfer with another operation's reply",
+            )),
+        },
+        other => Err(unexpected("transfer", &other)),
     }
 }
 

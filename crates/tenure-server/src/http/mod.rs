@@ -16,6 +16,7 @@
 //! | POST | `/v1/leases/acquire` | `{tenant_id, resource_id, holder_id, ttl_seconds \| ttl_ms, request_id}` | `{lease_id, expiry_time, fencing_token, created, ...}` |
 //! | POST | `/v1/leases/renew` | `{tenant_id, resource_id, lease_id, holder_id, ttl_seconds \| ttl_ms, request_id}` | `{lease_id, expiry_time, fencing_token, renewed, ...}` |
 //! | POST | `/v1/leases/release` | `{tenant_id, resource_id, lease_id, holder_id, request_id}` | `{lease_id, released, expiry_time, fencing_token, ...}` |
+//! | POST | `/v1/leases/transfer` | `{tenant_id, resource_id, lease_id, holder_id, new_holder_id, ttl_seconds \| ttl_ms, request_id}` | the new holder's grant `{lease_id, expiry_time, fencing_token, holder_id, previous_lease_id, previous_fencing_token, ...}` |
 //! | GET | `/v1/leases/{tenant_id}/{resource_id}` | `?stale=true` | `{found, lease}` |
 //! | GET | `/v1/tenants/{tenant_id}/leases` | `?page_size=&page_token=&filter_status=&stale=` | `{leases, next_page_token}` |
 //! | GET | `/healthz` | | `{status: "ok", node_id}` |
@@ -89,8 +90,9 @@ use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tenure_core::{
-    AcquireRequest, ErrorCode, LeaseError, LeaseGrant, LeaseId, LeaseReply, LeaseStatus, LeaseView,
-    ListRequest, ReleaseRequest, RenewRequest, ReplayState, ResourceKey,
+    AcquireRequest, ErrorCode, LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply, LeaseStatus,
+    LeaseView, ListRequest, ReleaseRequest, RenewRequest, ReplayState, ResourceKey,
+    TransferRequest,
 };
 use tenure_proto::client::{
     Principal, RequestBody, RequestFlags, ResponseBody, TOKEN_BYTES_MAX, WireError,
@@ -124,6 +126,8 @@ pub const ACQUIRE_PATH: &str = "/v1/leases/acquire";
 pub const RENEW_PATH: &str = "/v1/leases/renew";
 /// `POST`: release a lease.
 pub const RELEASE_PATH: &str = "/v1/leases/release";
+/// `POST`: hand a lease to a new holder in one step (not in Tenure v1: tenure's own route).
+pub const TRANSFER_PATH: &str = "/v1/leases/transfer";
 /// `GET`: a resource's lease.
 pub const GET_LEASE_PATH: &str = "/v1/leases/{tenant_id}/{resource_id}";
 /// `GET`: a tenant's leases, paged.
@@ -143,10 +147,11 @@ pub const OPENAPI_PATH: &str = "/openapi.json";
 pub const TESTING_FAULTS_PATH: &str = "/testing/faults";
 
 /// Every route of [`router`] as `(method, path)`, paths in axum/OpenAPI template syntax.
-pub const ROUTES: [(&str, &str); 9] = [
+pub const ROUTES: [(&str, &str); 10] = [
     ("post", ACQUIRE_PATH),
     ("post", RENEW_PATH),
     ("post", RELEASE_PATH),
+    ("post", TRANSFER_PATH),
     ("get", GET_LEASE_PATH),
     ("get", LIST_LEASES_PATH),
     ("get", HEALTHZ_PATH),
@@ -352,6 +357,7 @@ fn router_with(backend: Arc<dyn Backend>) -> Router {
         .route(ACQUIRE_PATH, post(acquire))
         .route(RENEW_PATH, post(renew))
         .route(RELEASE_PATH, post(release))
+        .route(TRANSFER_PATH, post(transfer))
         .route(GET_LEASE_PATH, get(get_lease))
         .route(LIST_LEASES_PATH, get(list_leases))
         .route(HEALTHZ_PATH, get(healthz))

@@ -392,12 +392,12 @@ async fn acquire_builds_the_request_and_maps_the_grant() {
     assert_eq!(ctx.timeout, DEFAULT_TIMEOUT);
     assert_eq!(
         request,
-        &RequestBody::Acquire(AcquireRequest {
+        &RequestBody::Lease(LeaseOp::Acquire(AcquireRequest {
             key: ResourceKey::new("acme", "db"),
             holder_id: "w1".into(),
             ttl_ms: 1_500,
             request_id: "r1".into(),
-        })
+        }))
     );
     harness.shutdown().await;
 }
@@ -447,24 +447,84 @@ async fn renew_and_release_map_their_replies() {
     let calls = harness.fake.lease_calls();
     assert_eq!(
         calls[0].1,
-        RequestBody::Renew(RenewRequest {
+        RequestBody::Lease(LeaseOp::Renew(RenewRequest {
             key: ResourceKey::new("acme", "db"),
             lease_id: lease_id(),
             holder_id: "w1".into(),
             ttl_ms: 250,
             request_id: "r2".into(),
-        })
+        }))
     );
     assert_eq!(
         calls[1].1,
-        RequestBody::Release(ReleaseRequest {
+        RequestBody::Lease(LeaseOp::Release(ReleaseRequest {
             key: ResourceKey::new("acme", "db"),
             lease_id: lease_id(),
             holder_id: "w1".into(),
             request_id: "r3".into(),
-        })
+        }))
     );
     assert!(calls.iter().all(|(ctx, _)| ctx.flags.forward));
+    harness.shutdown().await;
+}
+
+#[tokio::test]
+async fn transfer_builds_the_request_and_maps_the_new_holders_grant() {
+    let receipt = tenure_core::TransferReceipt {
+        released: tenure_core::ReleaseReceipt {
+            lease_id: LeaseId {
+                group_id: tenure_core::GroupId(3),
+                sequence: 41,
+            },
+            fencing_token: 41,
+            released_at_ms: 12_345,
+        },
+        grant: grant(true),
+    };
+    let harness = start(Fake::default().answer(lease_ok(LeaseReply::Transferred(receipt)))).await;
+    let reply = harness
+        .post(
+            TRANSFER_PATH,
+            &json!({"tenant_id": "acme", "resource_id": "db", "holder_id": "w1",
+                    "lease_id": "00000003-0000000000000029", "new_holder_id": "w2",
+                    "ttl_seconds": 2.5, "request_id": "r4"}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    let body = reply.json();
+    assert_eq!(body["lease_id"], "00000003-000000000000002a");
+    assert_eq!(body["fencing_token"], 42);
+    assert_eq!(body["holder_id"], "w2");
+    assert_eq!(body["created"], true);
+    assert_eq!(body["previous_lease_id"], "00000003-0000000000000029");
+    assert_eq!(body["previous_fencing_token"], 41);
+    assert!(body["expiry_time"].as_str().unwrap().ends_with('Z'));
+    let calls = harness.fake.lease_calls();
+    assert_eq!(
+        calls[0].1,
+        RequestBody::Lease(LeaseOp::Transfer(tenure_core::TransferRequest {
+            key: ResourceKey::new("acme", "db"),
+            lease_id: LeaseId {
+                group_id: tenure_core::GroupId(3),
+                sequence: 41,
+            },
+            holder_id: "w1".into(),
+            new_holder_id: "w2".into(),
+            ttl_ms: 2_500,
+            request_id: "r4".into(),
+        }))
+    );
+    // A body without the new holder is refused before anything is called.
+    let missing = harness
+        .post(
+            TRANSFER_PATH,
+            &json!({"tenant_id": "acme", "resource_id": "db", "holder_id": "w1",
+                    "lease_id": "00000003-0000000000000029", "ttl_ms": 2_500,
+                    "request_id": "r5"}),
+        )
+        .await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST, "{}", missing.text);
+    assert_eq!(harness.fake.lease_calls().len(), 1);
     harness.shutdown().await;
 }
 

@@ -374,12 +374,12 @@ async fn unauthenticated_refusals_are_answered_without_end() {
     let connection = raw.connect().await;
     let (mut send, mut recv) = connection.open_bi().await.unwrap();
     let acquire = |n: u64| {
-        RequestBody::Acquire(tenure_core::AcquireRequest {
+        RequestBody::Lease(tenure_core::LeaseOp::Acquire(tenure_core::AcquireRequest {
             key: tenure_core::ResourceKey::new("acme", format!("r{n}")),
             holder_id: "h".to_string(),
             ttl_ms: 10_000,
             request_id: format!("q{n}"),
-        })
+        }))
     };
     // 4 frames of 250 requests, none of which may be served.
     let writer = tokio::spawn(async move {

@@ -199,12 +199,14 @@ async fn acknowledged_lease_survives_failover_with_skewed_clocks() {
         let result = common::lease_result(
             client
                 .call(
-                    tenure_proto::client::RequestBody::Acquire(tenure_core::AcquireRequest {
-                        key: tenure_core::ResourceKey::new(TENANT, resource.clone()),
-                        holder_id: "holder-a".to_string(),
-                        ttl_ms: u64::try_from(ttl.as_millis()).unwrap(),
-                        request_id: format!("skew-a-{group}"),
-                    }),
+                    tenure_proto::client::RequestBody::Lease(tenure_core::LeaseOp::Acquire(
+                        tenure_core::AcquireRequest {
+                            key: tenure_core::ResourceKey::new(TENANT, resource.clone()),
+                            holder_id: "holder-a".to_string(),
+                            ttl_ms: u64::try_from(ttl.as_millis()).unwrap(),
+                            request_id: format!("skew-a-{group}"),
+                        },
+                    )),
                     no_forward(),
                 )
                 .await,
@@ -293,12 +295,14 @@ async fn acknowledged_lease_survives_failover_with_skewed_clocks() {
             // Another holder tries to take it (a new request id each time).
             let answer = observer
                 .call_with(
-                    tenure_proto::client::RequestBody::Acquire(tenure_core::AcquireRequest {
-                        key: tenure_core::ResourceKey::new(TENANT, t.resource.clone()),
-                        holder_id: "holder-b".to_string(),
-                        ttl_ms: 30_000,
-                        request_id: format!("skew-b-{attempt}"),
-                    }),
+                    tenure_proto::client::RequestBody::Lease(tenure_core::LeaseOp::Acquire(
+                        tenure_core::AcquireRequest {
+                            key: tenure_core::ResourceKey::new(TENANT, t.resource.clone()),
+                            holder_id: "holder-b".to_string(),
+                            ttl_ms: 30_000,
+                            request_id: format!("skew-b-{attempt}"),
+                        },
+                    )),
                     forward(),
                     observer.principal.clone(),
                     500,

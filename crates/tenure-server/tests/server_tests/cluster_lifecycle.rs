@@ -229,12 +229,12 @@ async fn lease_lifecycle_through_any_node() {
     let requests = (0..20)
         .map(|i| {
             (
-                RequestBody::Acquire(AcquireRequest {
+                RequestBody::Lease(tenure_core::LeaseOp::Acquire(AcquireRequest {
                     key: ResourceKey::new(TENANT, format!("many-{i}")),
                     holder_id: "holder-m".to_string(),
                     ttl_ms: LONG_TTL_MS,
                     request_id: format!("many-req-{i}"),
-                }),
+                })),
                 forward(),
             )
         })
@@ -260,12 +260,12 @@ async fn not_leader_hint_forwarding_and_stale_reads() {
     let client = cluster.client(follower).await;
 
     // forward = false on a follower: NOT_LEADER with the leader's addresses.
-    let body = RequestBody::Acquire(AcquireRequest {
+    let body = RequestBody::Lease(tenure_core::LeaseOp::Acquire(AcquireRequest {
         key: ResourceKey::new(TENANT, resource.clone()),
         holder_id: "holder-a".to_string(),
         ttl_ms: LONG_TTL_MS,
         request_id: "routing-acquire".to_string(),
-    });
+    }));
     let error = client
         .call(body.clone(), no_forward())
         .await
@@ -380,12 +380,12 @@ async fn restarted_node_catches_up_through_a_snapshot() {
             .map(|i| {
                 let resource = format!("catch-up-{frame}-{i}");
                 (
-                    RequestBody::Acquire(AcquireRequest {
+                    RequestBody::Lease(tenure_core::LeaseOp::Acquire(AcquireRequest {
                         key: ResourceKey::new(TENANT, resource),
                         holder_id: "holder-c".to_string(),
                         ttl_ms: 600_000,
                         request_id: format!("catch-up-req-{frame}-{i}"),
-                    }),
+                    })),
                     forward(),
                 )
             })

@@ -18,7 +18,8 @@ use tenure_proto::client::{
     ResponseBody, ResponseFrame, WireError, decode_request_frame, encode_client_frame,
 };
 use tenure_server::forward::{Forwarder, read_frame_body};
-use tenure_transport::tls::{NodeTls, write_cluster_certificates};
+use tenure_transport::certs::write_cluster_certificates;
+use tenure_transport::tls::NodeTls;
 
 /// Streams the fake leader allows per connection (a node's limit at commit 8c6b922).
 const LEADER_STREAMS: u32 = 16;

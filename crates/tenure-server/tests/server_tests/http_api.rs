@@ -703,12 +703,12 @@ async fn auth_and_tenant_isolation() {
     // QUIC.
     let client = cluster.bare_client(2).await.unwrap();
     let acquire_body = |tenant: &str, request: &str| {
-        RequestBody::Acquire(AcquireRequest {
+        RequestBody::Lease(tenure_core::LeaseOp::Acquire(AcquireRequest {
             key: ResourceKey::new(tenant, "quic-resource"),
             holder_id: "h".to_string(),
             ttl_ms: 30_000,
             request_id: request.to_string(),
-        })
+        }))
     };
     let error = client
         .call(acquire_body("tenant-a", "q1"), forward())

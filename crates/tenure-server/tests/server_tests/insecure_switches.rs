@@ -253,12 +253,12 @@ async fn forwarded_claimed_principal_from_insecure_peer_is_refused() {
             principal_id: "claimed".to_string(),
             tenant_id: TENANT.to_string(),
         };
-        let body = RequestBody::Acquire(AcquireRequest {
+        let body = RequestBody::Lease(tenure_core::LeaseOp::Acquire(AcquireRequest {
             key: ResourceKey::new(TENANT, &resource),
             holder_id: "h".to_string(),
             ttl_ms: 30_000,
             request_id: format!("claimed-quic-{group}"),
-        });
+        }));
         let answer = client
             .call_with(body, common::forward(), Some(claimed), 0)
             .await;

@@ -1,12 +1,11 @@
-//! Integration tests of the tenure node: real `tenure` processes on loopback, the HTTP and native
-//! APIs, the client library, the configuration tools and the operations kit. One test binary for
+//! Integration tests of the tenure node: real `tenure` processes on loopback (started by
+//! `tenure-testkit`), the HTTP and native APIs, the configuration tools, the load generator
+//! against a cluster and the operations kit. (The client library's tests are `tenure-client`'s.) One test binary for
 //! the crate, so its dependencies (RocksDB above all) are linked once; one module per concern.
 
-mod client_library;
 mod client_quic_limits;
 mod cluster_faults;
 mod cluster_lifecycle;
-mod common;
 mod config_cli;
 mod forwarding_lanes;
 mod http_api;
@@ -16,3 +15,6 @@ mod loadgen;
 mod ops_kit;
 mod replay_expiry;
 mod tenure_v1_compat;
+
+/// The node-process harness, under the name the modules use.
+pub(crate) use tenure_testkit as common;

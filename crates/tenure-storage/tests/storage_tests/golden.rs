@@ -37,6 +37,7 @@ use serde::de::DeserializeOwned;
 use tenure_core::{
     AcquireRequest, Command, Entry, GroupId, GroupLimits, LeaseId, LeaseOp, LeaseStateMachine,
     ReleaseRequest, RenewRequest, ResourceKey, SNAPSHOT_FORMAT_VERSION, StateOptions, TenantPolicy,
+    TransferRequest,
 };
 use tenure_golden::Golden;
 use tenure_storage::{LogEntry, TenureRaft, codec};
@@ -136,6 +137,17 @@ fn release(resource: &str, sequence: u64, request: &str) -> LeaseOp {
     })
 }
 
+fn transfer(resource: &str, sequence: u64, request: &str) -> LeaseOp {
+    LeaseOp::Transfer(TransferRequest {
+        key: key(resource),
+        lease_id: lease_id(sequence),
+        holder_id: "worker-1".into(),
+        new_holder_id: "worker-2".into(),
+        ttl_ms: 45_000,
+        request_id: request.into(),
+    })
+}
+
 /// Every command kind, as the state machine sees it.
 fn commands() -> Vec<(&'static str, Command)> {
     vec![
@@ -166,6 +178,9 @@ fn commands() -> Vec<(&'static str, Command)> {
             "set_group_limits",
             Command::SetGroupLimits(GroupLimits::default()),
         ),
+        // Added with LeaseOp::Transfer (value format 2), last so that every earlier entry keeps
+        // its log id and payload bytes.
+        ("lease_transfer", Command::Lease(transfer("db", 1, "req-7"))),
     ]
 }
 
@@ -240,6 +255,15 @@ fn log_entries_and_raft_metadata_bytes_are_pinned() {
     );
     // Snapshot metadata, as the snapshot pointer and the snapshot offer carry it.
     golden.payload("snapshot_meta", &snapshot_meta());
+    // A log entry written by value format 1 (before Transfer) is still read, to the same entry.
+    let legacy = golden.legacy("legacy_v1_log_batch");
+    assert_eq!(codec::value_format_version(&legacy), Ok(1));
+    let batch = log_entries()
+        .into_iter()
+        .find(|(name, _)| name == "log_batch")
+        .map(|(_, entry)| entry)
+        .unwrap();
+    assert_eq!(codec::decode::<LogEntry>(&legacy).unwrap(), batch);
     finish(golden);
 }
 
@@ -434,6 +458,17 @@ fn small_state() -> LeaseStateMachine {
     machine
 }
 
+/// [`small_state`] and then a transfer of `db` to `worker-2`: the snapshot holds the new
+/// holder's record and the transfer's request-id record (its `Transferred` outcome).
+fn state_after_transfer() -> LeaseStateMachine {
+    let mut machine = small_state();
+    machine.apply(&Entry {
+        log_time_ms: 1_700_000_022_000,
+        command: Command::Lease(transfer("db", 1, "req-7")),
+    });
+    machine
+}
+
 #[test]
 fn snapshot_bytes_are_pinned() {
     let mut golden = golden("snapshot");
@@ -455,6 +490,36 @@ fn snapshot_bytes_are_pinned() {
         }
         Err(error) => golden.failure(format!(
             "snapshot_small_state: the committed snapshot no longer reads: {error}"
+        )),
+    }
+    // A snapshot written by format 2 (before Transfer) is still read, to the same state.
+    let legacy = golden.legacy("legacy_v2_snapshot_small_state");
+    match LeaseStateMachine::read_snapshot(legacy.as_slice(), StateOptions::default()) {
+        Ok(restored) => assert_eq!(
+            restored.snapshot_to_vec(),
+            machine.snapshot_to_vec(),
+            "the format-2 snapshot restores the same state"
+        ),
+        Err(error) => golden.failure(format!(
+            "legacy_v2_snapshot_small_state: a format-2 snapshot no longer reads: {error}"
+        )),
+    }
+    let after_transfer = state_after_transfer();
+    let stats = after_transfer.stats();
+    assert_eq!(
+        (stats.active_leases, stats.next_fencing_token),
+        (1, 5),
+        "the fixture's transfer must have applied (db's lease 1 handed over as token 4)"
+    );
+    let committed = golden.bytes("snapshot_after_transfer", &after_transfer.snapshot_to_vec());
+    match LeaseStateMachine::read_snapshot(committed.as_slice(), StateOptions::default()) {
+        Ok(restored) if restored.snapshot_to_vec() == committed => {}
+        Ok(_) => golden.failure(
+            "snapshot_after_transfer: restoring and snapshotting again changed the bytes"
+                .to_owned(),
+        ),
+        Err(error) => golden.failure(format!(
+            "snapshot_after_transfer: the committed snapshot no longer reads: {error}"
         )),
     }
     finish(golden);

@@ -15,9 +15,8 @@ use tenure_proto::{
     Frame, Hello, HelloReply, MessageKind, PEER_PROTOCOL_VERSION, decode_frame_body,
     decode_frame_length, decode_payload, encode_frame,
 };
-use tenure_transport::tls::{
-    ClusterCa, NodeTls, generate_cluster_ca, issue_node_certificate, node_server_name,
-};
+use tenure_transport::certs::{ClusterCa, generate_cluster_ca, issue_node_certificate};
+use tenure_transport::tls::{NodeTls, node_server_name};
 use tenure_transport::{
     CLOSE_PROTOCOL_ERROR, CLOSE_REFUSED, GroupRegistry, GroupTable, Transport, TransportConfig,
 };

@@ -12,10 +12,11 @@ use quinn::crypto::rustls::QuicClientConfig;
 use quinn::{Connection, Endpoint, TransportConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tenure_transport::tls::{
-    ClusterCa, NodeCertificate, NodeTls, PEER_ALPN, TlsError, generate_cluster_ca,
-    issue_node_certificate, node_server_name, verify_peer_node_id, write_cluster_certificates,
+use tenure_transport::certs::{
+    ClusterCa, NodeCertificate, generate_cluster_ca, issue_node_certificate,
+    write_cluster_certificates,
 };
+use tenure_transport::tls::{NodeTls, PEER_ALPN, TlsError, node_server_name, verify_peer_node_id};
 use tokio::time::timeout;
 
 /// Bound on every network wait; a refused handshake ends in milliseconds on loopback.

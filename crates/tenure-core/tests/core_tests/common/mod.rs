@@ -5,7 +5,8 @@
 use tenure_core::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, GroupId, GroupLimits, LeaseError,
     LeaseGrant, LeaseId, LeaseOp, LeaseOutcome, LeaseReply, LeaseStateMachine, LeaseView,
-    ReleaseReceipt, ReleaseRequest, RenewRequest, ResourceKey, StateOptions,
+    ReleaseReceipt, ReleaseRequest, RenewRequest, ResourceKey, StateOptions, TransferReceipt,
+    TransferRequest,
 };
 
 pub const GROUP: GroupId = GroupId(7);
@@ -110,6 +111,30 @@ impl Harness {
             })
     }
 
+    pub fn transfer(
+        &mut self,
+        resource: &str,
+        lease_id: LeaseId,
+        holder: &str,
+        new_holder: &str,
+        ttl_ms: u64,
+    ) -> Result<TransferReceipt, LeaseError> {
+        let request_id = self.fresh_request_id();
+        self.op(transfer_op(
+            resource,
+            lease_id,
+            holder,
+            new_holder,
+            ttl_ms,
+            &request_id,
+        ))
+        .result
+        .map(|reply| match reply {
+            LeaseReply::Transferred(receipt) => receipt,
+            other => panic!("transfer answered {other:?}"),
+        })
+    }
+
     pub fn get(&self, resource: &str) -> Option<LeaseView> {
         self.state.get(&key(resource), self.now_ms).unwrap()
     }
@@ -149,6 +174,24 @@ pub fn release_op(resource: &str, lease_id: LeaseId, holder: &str, request_id: &
         key: key(resource),
         lease_id,
         holder_id: holder.to_owned(),
+        request_id: request_id.to_owned(),
+    })
+}
+
+pub fn transfer_op(
+    resource: &str,
+    lease_id: LeaseId,
+    holder: &str,
+    new_holder: &str,
+    ttl_ms: u64,
+    request_id: &str,
+) -> LeaseOp {
+    LeaseOp::Transfer(TransferRequest {
+        key: key(resource),
+        lease_id,
+        holder_id: holder.to_owned(),
+        new_holder_id: new_holder.to_owned(),
+        ttl_ms,
         request_id: request_id.to_owned(),
     })
 }

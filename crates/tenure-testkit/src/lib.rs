@@ -1,4 +1,8 @@
-//! Test harness for clusters of real `tenure` node processes on loopback.
+//! # tenure-testkit: clusters of real `tenure` node processes for tests
+//!
+//! The one harness that starts node processes for the tests of `tenure-server` and
+//! `tenure-client` (the fault suite in `tests/` runs its nodes in network namespaces with fault
+//! control on top; see its `harness`):
 //!
 //! - [`ProcessCluster`]: a temporary directory with the cluster's certificates, one TOML
 //!   configuration per node, and one `tenure serve --config FILE` child process per node (its
@@ -9,14 +13,22 @@
 //! - [`http_request`] / [`http_json`]: a minimal HTTP/1.1 client.
 //! - Routing helpers: leaders as each node sees them, placement, resources in a given group.
 //!
-//! Clusters of one test binary run one at a time (a process-wide lock), so tests of a binary do
-//! not compete for the two cores of a small machine; every wait is bounded.
+//! The `tenure` binary is found next to the test executable's directory (`target/<profile>/`,
+//! where the workspace's test build puts it) or at `TENURE_BIN`. Clusters of one test binary run
+//! one at a time (a process-wide lock), so tests of a binary do not compete for the two cores of
+//! a small machine; every wait is bounded. Nodes listen on loopback only.
+//!
+//! Must not depend on: `tenure-client` (the client's own tests use this crate; the native
+//! client here is deliberately separate from the library under test). A dev-dependency only:
+//! never a dependency of a shipped crate.
 #![allow(
-    dead_code,
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::print_stdout,
+    clippy::print_stderr,
     clippy::result_large_err,
+    clippy::missing_panics_doc,
+    // Test support: the helpers are named for what they do; their docs are the module's.
     missing_docs
 )]
 
@@ -48,7 +60,8 @@ use tenure_server::config::{
     AuthConfig, LimitsConfig, PeerConfig, ServerConfig, StorageConfig, TestingConfig, TimingConfig,
     TlsConfig, TokenConfig,
 };
-use tenure_transport::tls::{node_server_name, write_cluster_certificates};
+use tenure_transport::certs::write_cluster_certificates;
+use tenure_transport::tls::node_server_name;
 
 /// The cluster name used by every test cluster (certificates and configuration).
 pub const CLUSTER_NAME: &str = "tenure-test";
@@ -182,9 +195,30 @@ fn free_ports(count: usize) -> Vec<(SocketAddr, SocketAddr)> {
     ports
 }
 
-/// The binary under test.
-pub fn tenure_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_tenure")
+/// The binary under test: `TENURE_BIN`, else `tenure` in the directory above the test
+/// executable's (`target/<profile>/deps/x-hash` -> `target/<profile>/tenure`).
+///
+/// # Panics
+/// When it does not exist: build with the workspace's test selection (`cargo test --workspace
+/// --all-targets --all-features`), which builds the `tenure` binary too.
+pub fn tenure_bin() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let path = std::env::var_os("TENURE_BIN")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let exe = std::env::current_exe().ok()?;
+                Some(exe.parent()?.parent()?.join("tenure"))
+            })
+            .expect("locating the tenure binary");
+        assert!(
+            path.is_file(),
+            "{} does not exist: build it with the workspace's test selection \
+             (cargo test --workspace --all-targets --all-features) or set TENURE_BIN",
+            path.display()
+        );
+        path
+    })
 }
 
 /// Generates the cluster's certificates into `dir/certs`.
@@ -1032,12 +1066,12 @@ impl TestClient {
         ttl_ms: u64,
         request_id: &str,
     ) -> Result<LeaseResult, WireError> {
-        let body = RequestBody::Acquire(AcquireRequest {
+        let body = RequestBody::Lease(tenure_core::LeaseOp::Acquire(AcquireRequest {
             key: ResourceKey::new(tenant, resource),
             holder_id: holder.to_string(),
             ttl_ms,
             request_id: request_id.to_string(),
-        });
+        }));
         lease_result(self.call(body, forward()).await)
     }
 
@@ -1051,13 +1085,13 @@ impl TestClient {
         ttl_ms: u64,
         request_id: &str,
     ) -> Result<LeaseResult, WireError> {
-        let body = RequestBody::Renew(RenewRequest {
+        let body = RequestBody::Lease(tenure_core::LeaseOp::Renew(RenewRequest {
             key: ResourceKey::new(tenant, resource),
             lease_id,
             holder_id: holder.to_string(),
             ttl_ms,
             request_id: request_id.to_string(),
-        });
+        }));
         lease_result(self.call(body, forward()).await)
     }
 
@@ -1070,12 +1104,12 @@ impl TestClient {
         holder: &str,
         request_id: &str,
     ) -> Result<LeaseResult, WireError> {
-        let body = RequestBody::Release(ReleaseRequest {
+        let body = RequestBody::Lease(tenure_core::LeaseOp::Release(ReleaseRequest {
             key: ResourceKey::new(tenant, resource),
             lease_id,
             holder_id: holder.to_string(),
             request_id: request_id.to_string(),
-        });
+        }));
         lease_result(self.call(body, forward()).await)
     }
 

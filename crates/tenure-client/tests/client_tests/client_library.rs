@@ -14,7 +14,7 @@
     missing_docs
 )]
 
-use crate::common;
+use tenure_testkit as common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +27,9 @@ use tenure_client::{
     LeaseStatus, LossReason, ResourceKey,
 };
 
-fn client_config(cluster: &ProcessCluster) -> ClientConfig {
+/// A client configuration for `cluster`: every node as an endpoint, insecure development
+/// credentials, a fixed jitter seed.
+pub(crate) fn client_config(cluster: &ProcessCluster) -> ClientConfig {
     let endpoints = cluster
         .ids()
         .into_iter()
@@ -47,7 +49,8 @@ fn client_config(cluster: &ProcessCluster) -> ClientConfig {
     config
 }
 
-async fn connect(cluster: &ProcessCluster) -> Client {
+/// A client of `cluster` (see [`client_config`]).
+pub(crate) async fn connect(cluster: &ProcessCluster) -> Client {
     Client::connect(client_config(cluster))
         .await
         .unwrap_or_else(|error| panic!("client: {error}\n{}", cluster.log_tails()))
@@ -569,13 +572,13 @@ async fn late_renewals_make_the_leader_refuse_new_acquires() {
                 .iter()
                 .enumerate()
                 .map(|(i, (resource, lease_id))| {
-                    let body = RequestBody::Renew(RenewRequest {
+                    let body = RequestBody::Lease(tenure_core::LeaseOp::Renew(RenewRequest {
                         key: ResourceKey::new(TENANT, resource.as_str()),
                         lease_id: *lease_id,
                         holder_id: "holder".to_string(),
                         ttl_ms,
                         request_id: format!("{round}-{i}"),
-                    });
+                    }));
                     (body, common::forward())
                 })
                 .collect();

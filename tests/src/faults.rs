@@ -1,0 +1,172 @@
+//! The one list of fault kinds, shared by the fault suite (`harness`, real processes) and the
+//! deterministic simulation (`sim`): one name per fault, whichever of the two applies it. Each
+//! kind says which of them can (a simulation cannot SIGSTOP a process; a process cluster has no
+//! message-holding switch), and the two lists below are the orders in which each draws kinds from
+//! a seed (changing an order changes which faults a seed replays).
+//!
+//! Adding a fault: a variant here with its name and description, then its effect in the harness
+//! that can apply it (`harness::run`'s fault application and `harness::schedule`'s plan, or
+//! `sim`'s nemesis), and the kind appended to that harness's list; see ARCHITECTURE.md, "Adding a
+//! fault".
+//!
+//! Must not depend on: processes, the network, time or the harnesses (names and plain facts).
+
+use serde::{Deserialize, Serialize};
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// Kill a node (kill -9; in the simulation a crash that loses part of its unsynced writes),
+    /// restart it later on its data.
+    Kill,
+    /// Stop a node (SIGSTOP) for longer than the ttl, then let it go on.
+    PauseNode,
+    /// Stop a client (SIGSTOP of a client process; in the simulation its links held) for one to
+    /// two ttls: its holders go on, and write, until their safe deadlines (zombies).
+    PauseClient,
+    /// Cut one node (often a group leader) from the others.
+    PartitionLeader,
+    /// Split the nodes into a majority and a minority.
+    PartitionHalves,
+    /// Two sides that cannot talk, and one node that talks to both.
+    PartitionBridge,
+    /// Drop one node's traffic to the others, not theirs to it.
+    PartitionOneWay,
+    /// Hold every message between a node and the others, then deliver them all.
+    HoldMessages,
+    /// Lose a share of the messages on one node's links.
+    LoseMessages,
+    /// One node's monotonic clock runs fast or slow (within the contract's drift bound).
+    ClockRate,
+    /// One node's wall clock jumps by minutes, forward or back (no decision may read it).
+    ClockJump,
+    /// One node's WAL syncs take longer (a slow disk).
+    SlowDisk,
+}
+
+impl FaultKind {
+    /// Every kind.
+    pub const ALL: [FaultKind; 12] = [
+        FaultKind::Kill,
+        FaultKind::PauseNode,
+        FaultKind::PauseClient,
+        FaultKind::PartitionLeader,
+        FaultKind::PartitionHalves,
+        FaultKind::PartitionBridge,
+        FaultKind::PartitionOneWay,
+        FaultKind::HoldMessages,
+        FaultKind::LoseMessages,
+        FaultKind::ClockRate,
+        FaultKind::ClockJump,
+        FaultKind::SlowDisk,
+    ];
+
+    /// The kinds the fault suite applies to node processes, in the order its plans draw them.
+    pub const FAULT_SUITE: [FaultKind; 9] = [
+        FaultKind::Kill,
+        FaultKind::PauseNode,
+        FaultKind::PauseClient,
+        FaultKind::PartitionLeader,
+        FaultKind::PartitionHalves,
+        FaultKind::PartitionBridge,
+        FaultKind::ClockRate,
+        FaultKind::ClockJump,
+        FaultKind::SlowDisk,
+    ];
+
+    /// The kinds the simulation applies, in the order its seeds draw them.
+    pub const SIMULATION: [FaultKind; 10] = [
+        FaultKind::Kill,
+        FaultKind::PartitionHalves,
+        FaultKind::PartitionLeader,
+        FaultKind::PartitionOneWay,
+        FaultKind::PartitionBridge,
+        FaultKind::HoldMessages,
+        FaultKind::LoseMessages,
+        FaultKind::ClockRate,
+        FaultKind::PauseClient,
+        FaultKind::ClockJump,
+    ];
+
+    /// Its one name, in reports, histories and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Kill => "kill",
+            FaultKind::PauseNode => "pause-node",
+            FaultKind::PauseClient => "pause-client",
+            FaultKind::PartitionLeader => "partition-leader",
+            FaultKind::PartitionHalves => "partition-halves",
+            FaultKind::PartitionBridge => "partition-bridge",
+            FaultKind::PartitionOneWay => "partition-one-way",
+            FaultKind::HoldMessages => "hold-messages",
+            FaultKind::LoseMessages => "lose-messages",
+            FaultKind::ClockRate => "clock-rate",
+            FaultKind::ClockJump => "clock-jump",
+            FaultKind::SlowDisk => "slow-disk",
+        }
+    }
+
+    /// The kind named `name`.
+    pub fn parse(name: &str) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// True when the fault suite can apply it to node processes.
+    pub fn in_fault_suite(self) -> bool {
+        FaultKind::FAULT_SUITE.contains(&self)
+    }
+
+    /// True when the simulation can apply it.
+    pub fn in_simulation(self) -> bool {
+        FaultKind::SIMULATION.contains(&self)
+    }
+
+    /// True for faults that take nodes away from the majority (the fault suite's plans run at
+    /// most one at a time).
+    pub fn disrupts_nodes(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Kill
+                | FaultKind::PauseNode
+                | FaultKind::PartitionLeader
+                | FaultKind::PartitionHalves
+                | FaultKind::PartitionBridge
+        )
+    }
+
+    /// True for faults of the network between nodes (the simulation draws them on their own
+    /// stream, beside node faults).
+    pub fn is_network(self) -> bool {
+        matches!(
+            self,
+            FaultKind::PartitionLeader
+                | FaultKind::PartitionHalves
+                | FaultKind::PartitionBridge
+                | FaultKind::PartitionOneWay
+                | FaultKind::HoldMessages
+                | FaultKind::LoseMessages
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_one_name_and_a_harness() {
+        let mut names: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), FaultKind::ALL.len(), "names are unique");
+        for kind in FaultKind::ALL {
+            assert_eq!(FaultKind::parse(kind.name()), Some(kind));
+            assert!(
+                kind.in_fault_suite() || kind.in_simulation(),
+                "{} is applied by nothing",
+                kind.name()
+            );
+        }
+    }
+}
