@@ -184,20 +184,22 @@ impl Lease {
         receipt
     }
 
-    /// Hands the lease to `new_holder_id` in one step (see [`Client::transfer`]): this handle
-    /// stops renewing and ends as [`LeaseState::Released`]; the answer carries the new holder's
-    /// grant (new lease id, higher fencing token, `ttl` from the transfer). On an error the
-    /// handle is finished all the same (stop acting as holder): a transfer whose answer was lost
-    /// may have taken effect, and the client's retries use one request id, so it never applies
-    /// twice.
+    /// Hands the lease to `new_holder_id` in one step (see [`Client::transfer`]); the answer
+    /// carries the new holder's grant (new lease id, higher fencing token, `ttl` from the
+    /// transfer). Stop acting as holder before calling it: the new holder may act as soon as
+    /// the transfer is applied, before this call returns. The handle is consumed:
+    /// - on success it ends as [`LeaseState::Released`];
+    /// - when the cluster refused the transfer before changing anything (an invalid new holder
+    ///   or ttl), [`TransferFailed::lease`] gives the handle back, still held and renewed;
+    /// - otherwise (the lease is gone: `LEASE_EXPIRED`, `LEASE_MISMATCH`, `NOT_FOUND`; or no
+    ///   definite answer, so the transfer may have taken effect) the handle ends, released; the
+    ///   client's retries use one request id, so a transfer never applies twice.
     pub async fn transfer(
         mut self,
         new_holder_id: impl Into<String>,
         ttl: Duration,
-    ) -> Result<Transferred, ClientError> {
-        self.finished = true;
-        self.unregister(false);
-        let transferred = self
+    ) -> Result<Transferred, TransferFailed> {
+        let result = self
             .client
             .transfer(
                 self.shared.key.clone(),
@@ -208,8 +210,18 @@ impl Lease {
                 None,
             )
             .await;
-        self.shared.mark(LeaseState::Released);
-        transferred
+        match result {
+            Err(error) if refused_without_effect(&error) => Err(TransferFailed {
+                error,
+                lease: Some(self),
+            }),
+            result => {
+                self.finished = true;
+                self.unregister(false);
+                self.shared.mark(LeaseState::Released);
+                result.map_err(|error| TransferFailed { error, lease: None })
+            }
+        }
     }
 
     /// Stops renewing without releasing: the lease ends when its ttl runs out (unless someone
@@ -235,6 +247,51 @@ impl Lease {
                 });
             }
         }
+    }
+}
+
+/// A [`Lease::transfer`] that did not succeed.
+#[derive(Debug)]
+pub struct TransferFailed {
+    /// Why.
+    pub error: ClientError,
+    /// The handle, still held and renewed, when the cluster refused the transfer before changing
+    /// anything; `None` when the lease is gone or may be (the handle then ended).
+    pub lease: Option<Lease>,
+}
+
+impl std::fmt::Display for TransferFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "transfer failed: {}", self.error)?;
+        if self.lease.is_some() {
+            f.write_str(" (the lease is still held)")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for TransferFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// True for a definite refusal that changed nothing and leaves the lease with its holder: the
+/// request was invalid (for the client or the cluster) or not allowed, not one that says the
+/// lease is gone.
+fn refused_without_effect(error: &ClientError) -> bool {
+    match error {
+        ClientError::InvalidRequest(_) => true,
+        ClientError::Server {
+            code, retryable, ..
+        } => {
+            !retryable
+                && !matches!(
+                    code,
+                    ErrorCode::LeaseExpired | ErrorCode::LeaseMismatch | ErrorCode::NotFound
+                )
+        }
+        _ => false,
     }
 }
 

@@ -55,7 +55,7 @@ pub use config::{
 };
 pub use error::ClientError;
 pub use handle::{LeaseState, LossReason};
-pub use lease::Lease;
+pub use lease::{Lease, TransferFailed};
 pub use link::FaultInjector;
 pub use routing::{LeaderEntry, NodeInfo, RoutingState};
 pub use tenure_core::{

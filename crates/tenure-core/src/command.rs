@@ -296,8 +296,10 @@ pub enum LeaseReply {
     Renewed(LeaseGrant),
     /// Release ended the lease.
     Released(ReleaseReceipt),
-    /// Transfer ended the lease and granted a new one to the new holder.
-    Transferred(TransferReceipt),
+    /// Transfer ended the lease and granted a new one to the new holder. Boxed: every stored
+    /// request-id outcome is a `LeaseReply`, and an inline receipt would grow all of them by a
+    /// third (postcard encodes the box as its content, so the bytes are the same).
+    Transferred(Box<TransferReceipt>),
 }
 
 impl LeaseReply {

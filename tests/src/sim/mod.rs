@@ -778,6 +778,17 @@ fn check_options(options: &SimOptions) -> Result<(), SimError> {
             "3 to 9 nodes, at least one client host and one resource".into(),
         ));
     }
+    if let Some(kind) = options
+        .nemeses
+        .iter()
+        .flatten()
+        .find(|kind| !kind.in_simulation())
+    {
+        return Err(SimError::Options(format!(
+            "{} is a fault of node processes, which the simulation cannot apply",
+            kind.name()
+        )));
+    }
     if !cfg!(tokio_unstable) {
         // Without it turmoil cannot seed the hosts' runtimes and every tokio::select! picks
         // its first branch at random: runs of one seed would differ. Cargo drops the cfg of

@@ -116,6 +116,16 @@ async fn transfer_works_through_native_http_client_library_and_tenurectl() {
         .await
         .unwrap();
     let old_token = lease.fencing_token();
+    // A transfer the cluster refuses before changing anything (the new ttl is below the
+    // bounds) gives the handle back, still held.
+    let refused = lease
+        .transfer("frank", Duration::from_millis(10))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.error.code(), Some(ErrorCode::InvalidArgument));
+    let lease = refused.lease.expect("the handle comes back");
+    assert!(lease.is_valid());
+    assert_eq!(lease.fencing_token(), old_token);
     let transferred = lease
         .transfer("frank", Duration::from_secs(10))
         .await

@@ -633,14 +633,14 @@ impl LeaseStateMachine {
         record.ttl_ms = ttl_ms;
         record.version = 1;
         record.status = RecordStatus::Active;
-        Ok(LeaseReply::Transferred(TransferReceipt {
+        Ok(LeaseReply::Transferred(Box::new(TransferReceipt {
             released: ReleaseReceipt {
                 lease_id: old_lease_id,
                 fencing_token: old_token,
                 released_at_ms: now_ms,
             },
             grant: grant(record_view_parts(record), now_ms, true),
-        }))
+        })))
     }
 
     /// The checks of Renew and Transfer: the new ttl within the tenant's bounds, then

@@ -292,11 +292,8 @@ impl Model {
             remaining_ttl_ms: 0,
         };
         let grant = match outcome {
-            Ok(
-                LeaseReply::Acquired(grant)
-                | LeaseReply::Renewed(grant)
-                | LeaseReply::Transferred(TransferReceipt { grant, .. }),
-            ) => grant,
+            Ok(LeaseReply::Acquired(grant) | LeaseReply::Renewed(grant)) => grant,
+            Ok(LeaseReply::Transferred(receipt)) => &receipt.grant,
             Ok(LeaseReply::Released(receipt)) => {
                 return ended(ReplayStatus::Released, receipt.released_at_ms);
             }
@@ -446,7 +443,7 @@ impl Model {
             version: 1,
         };
         self.next_token += 1;
-        Ok(LeaseReply::Transferred(TransferReceipt {
+        Ok(LeaseReply::Transferred(Box::new(TransferReceipt {
             released,
             grant: LeaseGrant {
                 lease_id: lease_id(token),
@@ -456,7 +453,7 @@ impl Model {
                 ttl_ms: r.ttl_ms,
                 created: true,
             },
-        }))
+        })))
     }
 
     fn expected_status(

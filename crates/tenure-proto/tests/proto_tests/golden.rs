@@ -358,14 +358,14 @@ fn responses() -> Vec<(&'static str, Response)> {
             ok(
                 12,
                 ResponseBody::Lease(lease(
-                    LeaseReply::Transferred(TransferReceipt {
+                    LeaseReply::Transferred(Box::new(TransferReceipt {
                         released: ReleaseReceipt {
                             lease_id: lease_id(),
                             fencing_token: 0x0102_0304,
                             released_at_ms: 1_700_000_000_000,
                         },
                         grant: grant(true),
-                    }),
+                    })),
                     false,
                 )),
             ),

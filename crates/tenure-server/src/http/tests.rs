@@ -481,7 +481,8 @@ async fn transfer_builds_the_request_and_maps_the_new_holders_grant() {
         },
         grant: grant(true),
     };
-    let harness = start(Fake::default().answer(lease_ok(LeaseReply::Transferred(receipt)))).await;
+    let harness =
+        start(Fake::default().answer(lease_ok(LeaseReply::Transferred(Box::new(receipt))))).await;
     let reply = harness
         .post(
             TRANSFER_PATH,

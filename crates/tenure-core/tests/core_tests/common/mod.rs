@@ -130,7 +130,7 @@ impl Harness {
         ))
         .result
         .map(|reply| match reply {
-            LeaseReply::Transferred(receipt) => receipt,
+            LeaseReply::Transferred(receipt) => *receipt,
             other => panic!("transfer answered {other:?}"),
         })
     }
