@@ -26,12 +26,12 @@ async fn transfer_works_through_native_http_client_library_and_tenurectl() {
     // --- native protocol, sent to a node that does not lead the group (forwarded).
     let resource = cluster.resource_in_group(TENANT, 0, "native", 0);
     let key = ResourceKey::new(TENANT, resource.clone());
-    let leader = loop {
-        if let Some(leader) = cluster.leader_of(1, 0).await {
-            break leader;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let leader =
+        tenure_testkit::wait_for(Duration::from_secs(20), "a leader of group 0", || async {
+            cluster.leader_of(1, 0).await
+        })
+        .await
+        .unwrap();
     let follower = cluster.ids().into_iter().find(|&id| id != leader).unwrap();
     let raw = cluster.client(follower).await;
     let acquired = raw

@@ -472,24 +472,14 @@ impl LeaseStateMachine {
                 self.inactive_count -= 1;
                 self.tenants[tenant as usize].active_leases += 1;
             }
-            self.by_tenant.remove(&(tenant, old_token, slot));
-            self.by_tenant.insert((tenant, token, slot));
-            self.by_expiry.insert((expires_at_ms, slot));
-            let group = self.group_id.0;
-            let record = self.record_mut(slot);
-            record.holder_id = CompactString::from(request.holder_id.as_str());
-            record.fencing_token = token;
-            record.expires_at_ms = expires_at_ms;
-            record.indexed_expiry_ms = expires_at_ms;
-            record.origin_group = group;
-            record.ttl_ms = ttl_ms;
-            record.version = 1;
-            record.status = RecordStatus::Active;
-            return Ok(LeaseReply::Acquired(grant(
-                record_view_parts(record),
-                now_ms,
-                true,
-            )));
+            let parts = self.regrant(
+                slot,
+                (tenant, old_token),
+                &request.holder_id,
+                (token, ttl_ms),
+                expires_at_ms,
+            );
+            return Ok(LeaseReply::Acquired(grant(parts, now_ms, true)));
         }
 
         if self.tenants[tenant as usize].active_leases >= quota {
@@ -620,12 +610,42 @@ impl LeaseStateMachine {
         );
         let expires_at_ms = now_ms.saturating_add(request.ttl_ms);
         self.by_expiry.remove(&(old_indexed, slot));
-        self.by_expiry.insert((expires_at_ms, slot));
+        let parts = self.regrant(
+            slot,
+            (tenant, old_token),
+            &request.new_holder_id,
+            (token, ttl_ms),
+            expires_at_ms,
+        );
+        Ok(LeaseReply::Transferred(Box::new(TransferReceipt {
+            released: ReleaseReceipt {
+                lease_id: old_lease_id,
+                fencing_token: old_token,
+                released_at_ms: now_ms,
+            },
+            grant: grant(parts, now_ms, true),
+        })))
+    }
+
+    /// Makes the existing record at `slot` (of `tenant`, last token `old_token`) a new active
+    /// lease of `holder_id` with `token`, expiring at `expires_at_ms`: re-keys it in the tenant
+    /// index and files it in the expiry index. The caller has removed its old expiry entry, if
+    /// it had one, and keeps the tenant's active count right. Acquire over an ended record and
+    /// Transfer share it.
+    fn regrant(
+        &mut self,
+        slot: u32,
+        (tenant, old_token): (u32, u64),
+        holder_id: &str,
+        (token, ttl_ms): (u64, u32),
+        expires_at_ms: u64,
+    ) -> ViewParts {
         self.by_tenant.remove(&(tenant, old_token, slot));
         self.by_tenant.insert((tenant, token, slot));
+        self.by_expiry.insert((expires_at_ms, slot));
         let group = self.group_id.0;
         let record = self.record_mut(slot);
-        record.holder_id = CompactString::from(request.new_holder_id.as_str());
+        record.holder_id = CompactString::from(holder_id);
         record.fencing_token = token;
         record.expires_at_ms = expires_at_ms;
         record.indexed_expiry_ms = expires_at_ms;
@@ -633,14 +653,7 @@ impl LeaseStateMachine {
         record.ttl_ms = ttl_ms;
         record.version = 1;
         record.status = RecordStatus::Active;
-        Ok(LeaseReply::Transferred(Box::new(TransferReceipt {
-            released: ReleaseReceipt {
-                lease_id: old_lease_id,
-                fencing_token: old_token,
-                released_at_ms: now_ms,
-            },
-            grant: grant(record_view_parts(record), now_ms, true),
-        })))
+        record_view_parts(record)
     }
 
     /// The checks of Renew and Transfer: the new ttl within the tenant's bounds, then
