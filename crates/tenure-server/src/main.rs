@@ -77,7 +77,11 @@ enum Cmd {
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 struct DevArgs {
+    /// Act on the cluster a running `tenure dev` supervises (from another terminal).
+    #[command(subcommand)]
+    action: Option<DevAction>,
     /// The cluster's directory; running again on it restarts the same cluster.
     #[arg(long, value_name = "DIR", default_value = dev::DEFAULT_DIR)]
     data_dir: PathBuf,
@@ -101,6 +105,45 @@ struct DevArgs {
     /// Give up if the cluster is not ready within this many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
     ready_timeout_s: u64,
+    /// Restart a node that died by itself after this many seconds (doubled while it keeps dying
+    /// within a minute of its start, at most 60) [default: only on `tenure dev restart N`].
+    #[arg(long, value_name = "SECONDS")]
+    restart_after_s: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+enum DevAction {
+    /// Every node's state, process id and readiness.
+    Status(DevTarget),
+    /// Stop node N gracefully (SIGTERM: it hands its leaderships off) and wait until it exits.
+    Stop(DevNodeTarget),
+    /// Kill node N (SIGKILL, as a crash would) and wait until it is gone.
+    Kill(DevNodeTarget),
+    /// Start a stopped or dead node N from its data and wait until it is ready.
+    Start(DevNodeTarget),
+    /// Stop node N (SIGTERM), start it again from its data and wait until it is ready.
+    Restart(DevNodeTarget),
+}
+
+#[derive(Debug, Args)]
+struct DevTarget {
+    /// The directory of the running `tenure dev`.
+    #[arg(long, value_name = "DIR", default_value = dev::DEFAULT_DIR)]
+    data_dir: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct DevNodeTarget {
+    /// The node's id.
+    node: u64,
+    #[command(flatten)]
+    target: DevTarget,
+    /// How long to wait for the node to get where it was sent.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    wait_s: u64,
 }
 
 #[derive(Debug, Args)]
@@ -254,6 +297,9 @@ async fn serve(path: &Path, allow_insecure_loopback_only: bool) -> Result<(), Fa
 }
 
 async fn run_dev(args: DevArgs) -> Result<(), Failure> {
+    if let Some(action) = args.action {
+        return run_dev_action(action).await;
+    }
     let options = dev::DevOptions {
         data_dir: args.data_dir,
         nodes: args.nodes,
@@ -263,6 +309,7 @@ async fn run_dev(args: DevArgs) -> Result<(), Failure> {
         duration: args.duration_s.map(Duration::from_secs),
         ready_timeout: Duration::from_secs(args.ready_timeout_s),
         executable: None,
+        restart_after: args.restart_after_s.map(Duration::from_secs),
     };
     match dev::run(options).await {
         Ok(()) => Ok(()),
@@ -271,6 +318,47 @@ async fn run_dev(args: DevArgs) -> Result<(), Failure> {
         }
         Err(error) => Err(error.into()),
     }
+}
+
+/// `tenure dev status | stop | kill | start | restart`: one request to the running supervisor.
+/// Exit code 1 when it is not running, refuses, or the node does not get there in time.
+async fn run_dev_action(action: DevAction) -> Result<(), Failure> {
+    use dev::control::{self, ControlRequest};
+    let (make, on): (fn(u64) -> ControlRequest, DevNodeTarget) = match action {
+        DevAction::Status(target) => {
+            return print_dev_reply(
+                control::act_and_wait(&target.data_dir, ControlRequest::Status, Duration::ZERO)
+                    .await?,
+                target.json,
+            );
+        }
+        DevAction::Stop(on) => (|node| ControlRequest::Stop { node }, on),
+        DevAction::Kill(on) => (|node| ControlRequest::Kill { node }, on),
+        DevAction::Start(on) => (|node| ControlRequest::Start { node }, on),
+        DevAction::Restart(on) => (|node| ControlRequest::Restart { node }, on),
+    };
+    let (request, target, wait) = (make(on.node), on.target, secs(on.wait_s));
+    let reply = control::act_and_wait(&target.data_dir, request, wait).await?;
+    print_dev_reply(reply, target.json)
+}
+
+fn print_dev_reply(reply: dev::control::ControlReply, json: bool) -> Result<(), Failure> {
+    if json {
+        let text = serde_json::to_string_pretty(&reply).context("encoding the answer")?;
+        return print(&format!("{text}\n"));
+    }
+    let mut text = String::new();
+    if !reply.message.is_empty() {
+        text.push_str(&format!("{}\n", reply.message));
+    }
+    if let Some(status) = &reply.status {
+        text.push_str(&dev::control::render_status(status));
+    }
+    print(&text)
+}
+
+fn secs(seconds: u64) -> Duration {
+    Duration::from_secs(seconds)
 }
 
 fn run_certs(args: CertsArgs) -> Result<(), Failure> {

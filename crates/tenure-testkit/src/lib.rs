@@ -81,6 +81,18 @@ pub fn cluster_lock() -> MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Runs `test` on a fresh two-thread runtime while holding [`cluster_lock`] (so no other cluster
+/// of this test binary runs beside it).
+pub fn run_alone<F: Future>(test: F) -> F::Output {
+    let _alone = cluster_lock();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a test runtime")
+        .block_on(test)
+}
+
 /// A bearer token of a token-authenticated cluster.
 #[derive(Debug, Clone)]
 pub struct TestToken {
@@ -357,7 +369,8 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-fn send_signal(pid: u32, signal: &str) {
+/// `kill -SIGNAL PID` (`signal` without the dash: `KILL`, `TERM`, `STOP`), which must succeed.
+pub fn send_signal(pid: u32, signal: &str) {
     let status = Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(pid.to_string())

@@ -118,13 +118,7 @@ fn get(resource: &str) -> RequestBody {
 /// waiting for cores a cluster test beside it is using.
 #[test]
 fn forwarding_squeezes_through_16_streams() {
-    let _alone = crate::common::cluster_lock();
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(squeeze_through_16_streams());
+    crate::common::run_alone(squeeze_through_16_streams());
 }
 
 async fn squeeze_through_16_streams() {

@@ -7,6 +7,7 @@ mod client_quic_limits;
 mod cluster_faults;
 mod cluster_lifecycle;
 mod config_cli;
+mod dev_cluster;
 mod forwarding_lanes;
 mod http_api;
 mod http_slowloris;

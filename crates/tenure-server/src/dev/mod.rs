@@ -10,28 +10,34 @@
 //! process group, with stdout and stderr appended to `DIR/node-N/node.log`.
 //!
 //! Once every node answers `GET /readyz` with 200 (every group has a leader), `DIR/cluster.json`
-//! is written; it exists exactly while the cluster is up and ready (it is removed at start and at
-//! stop). SIGINT or SIGTERM (or `--duration-s`) stops the nodes with SIGTERM (graceful:
-//! leadership is handed off), waits up to 20 s, then kills what is left.
+//! is written; it exists exactly while the cluster is up (it is removed at start and at stop).
+//! From then on a node that dies is reported and the others keep serving ([`supervisor`]);
+//! `tenure dev status | stop N | kill N | start N | restart N` drive the running cluster through
+//! its control socket `DIR/control.sock` ([`control`]). SIGINT or SIGTERM (or `--duration-s`)
+//! stops the nodes with SIGTERM (graceful: leadership is handed off), waits up to 20 s, then
+//! kills what is left.
 //!
 //! Must not depend on: the node's internals; it talks to nodes only as a user would (processes,
 //! files, HTTP).
+
+pub mod control;
+mod supervisor;
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
-use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::time::Instant;
 use tracing::{info, warn};
+
+use self::supervisor::{StopSignals, Supervisor};
 
 use crate::ServerError;
 use crate::config::{self, PeerConfig, ServerConfig};
@@ -105,6 +111,9 @@ pub struct DevOptions {
     /// The node executable (default: this executable). It is run as
     /// `EXE serve --config FILE --allow-insecure-loopback-only --worker-threads N`.
     pub executable: Option<PathBuf>,
+    /// Restart a node that died by itself after this long (doubled for each death within a
+    /// minute of its start, at most a minute); `None` waits for `tenure dev restart N`.
+    pub restart_after: Option<Duration>,
 }
 
 impl Default for DevOptions {
@@ -118,6 +127,7 @@ impl Default for DevOptions {
             duration: None,
             ready_timeout: Duration::from_secs(120),
             executable: None,
+            restart_after: None,
         }
     }
 }
@@ -176,6 +186,9 @@ pub enum DevError {
         /// The end of its log.
         tail: String,
     },
+    /// The control socket of a running `tenure dev` refused a request or did not answer.
+    #[error("{0}")]
+    Control(String),
     /// Not every node became ready in time.
     #[error("nodes {nodes:?} were not ready after {waited:?}; the end of their logs:\n{tails}")]
     NotReady {
@@ -632,37 +645,6 @@ pub async fn http_get_status(
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in time"))?
 }
 
-/// SIGINT and SIGTERM.
-struct StopSignals {
-    interrupt: Signal,
-    terminate: Signal,
-}
-
-impl StopSignals {
-    fn new() -> Result<Self, DevError> {
-        Ok(StopSignals {
-            interrupt: signal(SignalKind::interrupt()).map_err(io_error("listening for SIGINT"))?,
-            terminate: signal(SignalKind::terminate())
-                .map_err(io_error("listening for SIGTERM"))?,
-        })
-    }
-
-    async fn recv(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.interrupt.recv() => "SIGINT",
-            _ = self.terminate.recv() => "SIGTERM",
-        }
-    }
-}
-
-/// A running node process.
-struct Running {
-    id: u64,
-    child: Child,
-    log_path: PathBuf,
-    http_addr: SocketAddr,
-}
-
 /// Worker threads of each node's runtime when `nodes` node processes share this machine: the
 /// cores available to this process divided among them, at least one each. (With a runtime per
 /// node sized for the whole machine, three nodes on two cores run six worker threads that take
@@ -671,117 +653,6 @@ pub fn node_worker_threads(nodes: u32) -> u16 {
     let per_node = cores_available() / usize::try_from(nodes.max(1)).unwrap_or(usize::MAX);
     // `tenure serve --worker-threads` takes 1 to 1024.
     u16::try_from(per_node.clamp(1, 1024)).unwrap_or(1024)
-}
-
-fn spawn_node(executable: &Path, node: &DevNode, worker_threads: u16) -> Result<Running, DevError> {
-    let spawn_error = |source| DevError::Spawn {
-        node: node.id,
-        executable: executable.to_owned(),
-        source,
-    };
-    let mut log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&node.log_path)
-        .map_err(spawn_error)?;
-    writeln!(
-        log,
-        "==== tenure dev: starting node {} at unix ms {} ====",
-        node.id,
-        now_unix_ms()
-    )
-    .map_err(spawn_error)?;
-    let stderr = log.try_clone().map_err(spawn_error)?;
-    let child = Command::new(executable)
-        .arg("serve")
-        .arg("--config")
-        .arg(&node.config_path)
-        // Development nodes trust claimed principals (auth.insecure_dev_mode); `tenure serve`
-        // runs that only with this flag and only on loopback, which is all `tenure dev` binds.
-        .arg(crate::config::ALLOW_INSECURE_FLAG)
-        .arg("--worker-threads")
-        .arg(worker_threads.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(log))
-        .stderr(Stdio::from(stderr))
-        // Its own process group: a Ctrl-C in the terminal reaches only this process, which then
-        // stops the nodes in order.
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(spawn_error)?;
-    Ok(Running {
-        id: node.id,
-        child,
-        log_path: node.log_path.clone(),
-        http_addr: node.own()?.http_addr,
-    })
-}
-
-/// The first node found to have exited, as an error.
-fn exited(nodes: &mut [Running]) -> Option<DevError> {
-    for node in nodes.iter_mut() {
-        match node.child.try_wait() {
-            Ok(Some(status)) => {
-                return Some(DevError::NodeExited {
-                    node: node.id,
-                    status,
-                    log: node.log_path.clone(),
-                    tail: log_tail(&node.log_path, LOG_TAIL_LINES),
-                });
-            }
-            Ok(None) => {}
-            Err(error) => warn!(node = node.id, "cannot check the node process: {error}"),
-        }
-    }
-    None
-}
-
-async fn send_sigterm(node: &mut Running) {
-    let Some(pid) = node.child.id() else {
-        return; // already reaped
-    };
-    let sent = Command::new("kill")
-        .arg("-TERM")
-        .arg(pid.to_string())
-        .stdin(Stdio::null())
-        .status()
-        .await;
-    match sent {
-        Ok(status) if status.success() => {}
-        other => {
-            warn!(
-                node = node.id,
-                "kill -TERM {pid} failed ({other:?}); killing it"
-            );
-            let _ = node.child.start_kill();
-        }
-    }
-}
-
-/// SIGTERM to every node, then waits for all of them until [`STOP_TIMEOUT`] has passed, then
-/// kills what is left.
-async fn stop_all(nodes: &mut [Running]) {
-    for node in nodes.iter_mut() {
-        send_sigterm(node).await;
-    }
-    let deadline = Instant::now() + STOP_TIMEOUT;
-    for node in nodes.iter_mut() {
-        match tokio::time::timeout_at(deadline, node.child.wait()).await {
-            Ok(Ok(status)) if status.success() => info!(node = node.id, "node stopped"),
-            Ok(Ok(status)) => {
-                eprintln!("tenure dev: node {} stopped with {status}", node.id);
-            }
-            Ok(Err(error)) => warn!(node = node.id, "cannot wait for the node: {error}"),
-            Err(_) => {
-                eprintln!(
-                    "tenure dev: node {} did not stop within {STOP_TIMEOUT:?}; killing it",
-                    node.id
-                );
-                let _ = node.child.kill().await;
-            }
-        }
-    }
 }
 
 fn remove_cluster_file(cluster: &DevCluster) {
@@ -859,8 +730,13 @@ fn print_ready(cluster: &DevCluster, took: Duration) {
          \x20 curl -s http://{last_http}/v1/leases/acme/db-primary \\\n\
          \x20   -H 'X-Tenure-Principal-Id: dev' -H 'X-Tenure-Principal-Tenant: acme'\n\
          \x20 tenurectl --cluster {} -o json acquire --tenant acme --resource db-primary --holder worker-1 --ttl-ms 30000\n\
-         \nCtrl-C stops the cluster; the same command restarts it with its data.\n",
-        cluster.cluster_file().display()
+         \nA node that dies is reported and the others keep serving. From another terminal:\n\
+         \x20 tenure dev status --data-dir {dir}       (nodes, pids, readiness)\n\
+         \x20 tenure dev kill 2 --data-dir {dir}       (SIGKILL node 2: watch the failover)\n\
+         \x20 tenure dev restart 2 --data-dir {dir}    (start it again from its data)\n\
+         Ctrl-C stops the cluster; the same command restarts it with its data.\n",
+        cluster.cluster_file().display(),
+        dir = cluster.dir.display()
     ));
     let _ = std::io::stdout().lock().write_all(out.as_bytes());
     let _ = std::io::stdout().lock().flush();
@@ -870,9 +746,15 @@ fn print_ready(cluster: &DevCluster, took: Duration) {
 ///
 /// Returns an error (after stopping every node) when the directory cannot be used, a node exits
 /// early or not every node becomes ready in time.
+/// Runs a development cluster until SIGINT, SIGTERM or `options.duration`.
+///
+/// Returns an error (after stopping every node) when the directory cannot be used (or another
+/// `tenure dev` runs on it), a node exits before the cluster was ready, or not every node
+/// becomes ready in time. Once it was ready, nodes that die are reported, not fatal.
 pub async fn run(options: DevOptions) -> Result<(), DevError> {
     let mut signals = StopSignals::new()?;
     let cluster = prepare(&options)?;
+    let control = control::bind(&cluster.dir).await?;
     remove_cluster_file(&cluster);
     warn_insecure();
     let executable = match &options.executable {
@@ -888,122 +770,45 @@ pub async fn run(options: DevOptions) -> Result<(), DevError> {
     );
 
     let worker_threads = node_worker_threads(cluster.shape.nodes);
-    let mut running = Vec::new();
-    for node in &cluster.nodes {
-        match spawn_node(&executable, node, worker_threads) {
-            Ok(process) => running.push(process),
-            Err(error) => {
-                stop_all(&mut running).await;
-                return Err(error);
-            }
-        }
-    }
-
+    let mut supervisor = Supervisor::new(
+        cluster.clone(),
+        executable,
+        worker_threads,
+        options.restart_after,
+    )?;
     let started = Instant::now();
-    let outcome = wait_ready(&mut running, &mut signals, options.ready_timeout).await;
-    let result = match outcome {
-        Ok(Some(signal)) => {
-            eprintln!("tenure dev: {signal} before the cluster was ready; stopping");
-            Ok(())
-        }
-        Ok(None) => {
-            let written = cluster
-                .cluster_json()
-                .and_then(|text| write_atomically(&cluster.cluster_file(), &text));
-            match written {
-                Ok(()) => {
-                    print_ready(&cluster, started.elapsed());
-                    supervise(&mut running, &mut signals, options.duration).await
-                }
-                Err(error) => Err(error),
+    let result = match supervisor.start_all() {
+        Ok(()) => match supervisor
+            .wait_all_ready(&mut signals, options.ready_timeout)
+            .await
+        {
+            Ok(Some(signal)) => {
+                eprintln!("tenure dev: {signal} before the cluster was ready; stopping");
+                Ok(())
             }
-        }
+            Ok(None) => {
+                match cluster
+                    .cluster_json()
+                    .and_then(|text| write_atomically(&cluster.cluster_file(), &text))
+                {
+                    Ok(()) => {
+                        print_ready(&cluster, started.elapsed());
+                        supervisor
+                            .supervise(&mut signals, &control, options.duration)
+                            .await;
+                        Ok(())
+                    }
+                    Err(error) => Err(error),
+                }
+            }
+            Err(error) => Err(error),
+        },
         Err(error) => Err(error),
     };
     remove_cluster_file(&cluster);
-    stop_all(&mut running).await;
+    supervisor.stop_all().await;
+    control::unbind(&cluster.dir);
     result
-}
-
-/// Waits until every node answers `/readyz` with 200. `Ok(Some(signal))` when a stop signal came
-/// first.
-async fn wait_ready(
-    running: &mut [Running],
-    signals: &mut StopSignals,
-    timeout: Duration,
-) -> Result<Option<&'static str>, DevError> {
-    let deadline = Instant::now() + timeout;
-    let mut ready = vec![false; running.len()];
-    loop {
-        if let Some(error) = exited(running) {
-            return Err(error);
-        }
-        for (node, ready) in running.iter().zip(ready.iter_mut()) {
-            if !*ready {
-                *ready = matches!(
-                    http_get_status(node.http_addr, "/readyz", Duration::from_secs(1)).await,
-                    Ok(200)
-                );
-            }
-        }
-        if ready.iter().all(|r| *r) {
-            return Ok(None);
-        }
-        if Instant::now() >= deadline {
-            let waiting: Vec<&Running> = running
-                .iter()
-                .zip(&ready)
-                .filter(|(_, ready)| !**ready)
-                .map(|(node, _)| node)
-                .collect();
-            let tails = waiting
-                .iter()
-                .map(|node| {
-                    format!(
-                        "  node {} ({}):\n{}",
-                        node.id,
-                        node.log_path.display(),
-                        log_tail(&node.log_path, LOG_TAIL_LINES / 2)
-                    )
-                })
-                .collect();
-            return Err(DevError::NotReady {
-                nodes: waiting.iter().map(|node| node.id).collect(),
-                waited: timeout,
-                tails,
-            });
-        }
-        tokio::select! {
-            signal = signals.recv() => return Ok(Some(signal)),
-            () = tokio::time::sleep(Duration::from_millis(250)) => {}
-        }
-    }
-}
-
-/// Watches the running cluster until a stop signal, the end of `duration`, or a node's exit.
-async fn supervise(
-    running: &mut [Running],
-    signals: &mut StopSignals,
-    duration: Option<Duration>,
-) -> Result<(), DevError> {
-    let until = duration.map(|d| Instant::now() + d);
-    loop {
-        if let Some(error) = exited(running) {
-            return Err(error);
-        }
-        let stop_at = until.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-        tokio::select! {
-            signal = signals.recv() => {
-                eprintln!("tenure dev: {signal}; stopping the nodes");
-                return Ok(());
-            }
-            () = tokio::time::sleep_until(stop_at), if until.is_some() => {
-                eprintln!("tenure dev: --duration-s elapsed; stopping the nodes");
-                return Ok(());
-            }
-            () = tokio::time::sleep(Duration::from_millis(500)) => {}
-        }
-    }
 }
 
 #[cfg(test)]
