@@ -43,11 +43,15 @@ pub enum FaultKind {
     ClockJump,
     /// One node's WAL syncs take longer (a slow disk).
     SlowDisk,
+    /// Move one group's replica from a voter to a node that holds none (learner, catch-up,
+    /// joint consensus, drop), through the client library as an operator would; needs more
+    /// nodes than replicas.
+    MoveReplica,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::Kill,
         FaultKind::PauseNode,
         FaultKind::PauseClient,
@@ -60,10 +64,11 @@ impl FaultKind {
         FaultKind::ClockRate,
         FaultKind::ClockJump,
         FaultKind::SlowDisk,
+        FaultKind::MoveReplica,
     ];
 
     /// The kinds the fault suite applies to node processes, in the order its plans draw them.
-    pub const FAULT_SUITE: [FaultKind; 9] = [
+    pub const FAULT_SUITE: [FaultKind; 10] = [
         FaultKind::Kill,
         FaultKind::PauseNode,
         FaultKind::PauseClient,
@@ -73,10 +78,11 @@ impl FaultKind {
         FaultKind::ClockRate,
         FaultKind::ClockJump,
         FaultKind::SlowDisk,
+        FaultKind::MoveReplica,
     ];
 
     /// The kinds the simulation applies, in the order its seeds draw them.
-    pub const SIMULATION: [FaultKind; 10] = [
+    pub const SIMULATION: [FaultKind; 11] = [
         FaultKind::Kill,
         FaultKind::PartitionHalves,
         FaultKind::PartitionLeader,
@@ -87,6 +93,7 @@ impl FaultKind {
         FaultKind::ClockRate,
         FaultKind::PauseClient,
         FaultKind::ClockJump,
+        FaultKind::MoveReplica,
     ];
 
     /// Its one name, in reports, histories and on the command line.
@@ -104,6 +111,7 @@ impl FaultKind {
             FaultKind::ClockRate => "clock-rate",
             FaultKind::ClockJump => "clock-jump",
             FaultKind::SlowDisk => "slow-disk",
+            FaultKind::MoveReplica => "move-replica",
         }
     }
 
@@ -133,6 +141,12 @@ impl FaultKind {
                 | FaultKind::PartitionHalves
                 | FaultKind::PartitionBridge
         )
+    }
+
+    /// True for changes of a group's membership (the simulation draws them on a stream of their
+    /// own; they need more nodes than replicas per group).
+    pub fn is_membership(self) -> bool {
+        matches!(self, FaultKind::MoveReplica)
     }
 
     /// True for faults of the network between nodes (the simulation draws them on their own

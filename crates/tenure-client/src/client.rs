@@ -27,8 +27,8 @@ use tenure_core::{
     TransferRequest,
 };
 use tenure_proto::client::{
-    GetResult, LeaseResult, NodeStatus, Principal, Request, RequestBody, RequestFlags,
-    ResponseBody, RoutingTable, WireError,
+    GetResult, GroupMembers, LeaseResult, NodeStatus, Principal, Request, RequestBody,
+    RequestFlags, ResponseBody, RoutingTable, WireError,
 };
 use tokio::sync::mpsc;
 use tracing::debug;
@@ -550,6 +550,65 @@ impl Client {
             )),
             Ok(Err(error)) => Err(ClientError::from_wire(error)),
             Err(error) => Err(ClientError::NoNodeReachable(error.to_string())),
+        }
+    }
+
+    /// A group's replica set as its leader sees it: voters (both sets during a joint change),
+    /// learners, leader, term, each follower's progress. Needs no authentication.
+    pub async fn group_members(&self, group_id: u32) -> Result<GroupMembers, ClientError> {
+        let body = RequestBody::GroupMembers { group_id };
+        match self
+            .call(Some(group_id), body, RequestFlags::default(), None)
+            .await?
+        {
+            ResponseBody::Members(members) => Ok(members),
+            _ => Err(ClientError::Protocol(
+                "GroupMembers answered with another kind".into(),
+            )),
+        }
+    }
+
+    /// Cluster operators: moves the group's replica on node `from` to node `to` (the group's
+    /// leader adds `to` as a learner, waits until it caught up, changes the voters by joint
+    /// consensus and drops `from`'s replica) and waits until it is done, at most `wait`. The
+    /// same request is repeated while the move runs (the leader joins it to the running one), so
+    /// a leader change or a lost answer never starts a second move; a finished move answers the
+    /// same replica set again.
+    pub async fn move_replica(
+        &self,
+        group_id: u32,
+        from: u64,
+        to: u64,
+        wait: Duration,
+    ) -> Result<GroupMembers, ClientError> {
+        let body = RequestBody::MoveReplica { group_id, from, to };
+        let deadline = crate::time::now() + wait;
+        loop {
+            let attempt_deadline =
+                deadline.min(crate::time::now() + self.inner.config.call_timeout);
+            // An operator call names no tenant; in insecure development mode the claimed
+            // principal carries an empty one.
+            let answer = self
+                .call_until(
+                    Some(group_id),
+                    body.clone(),
+                    RequestFlags::default(),
+                    Some(""),
+                    attempt_deadline,
+                )
+                .await;
+            match answer {
+                Ok(ResponseBody::Members(members)) => return Ok(members),
+                Ok(_) => {
+                    return Err(ClientError::Protocol(
+                        "MoveReplica answered with another kind".into(),
+                    ));
+                }
+                Err(error) if error.is_retryable() && crate::time::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(error) => return Err(error),
+            }
         }
     }
 

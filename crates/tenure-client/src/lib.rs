@@ -61,4 +61,6 @@ pub use routing::{LeaderEntry, NodeInfo, RoutingState};
 pub use tenure_core::{
     ErrorCode, LeaseId, LeaseStatus, LeaseView, ReplayState, ReplayStatus, ResourceKey,
 };
-pub use tenure_proto::client::{GetResult, GroupStatus, LeaseResult, NodeStatus};
+pub use tenure_proto::client::{
+    FollowerProgress, GetResult, GroupMembers, GroupStatus, LeaseResult, NodeStatus,
+};

@@ -44,7 +44,7 @@ use crate::peer::ProtoError;
 /// ALPN protocol identifier of the native client protocol: `tenure-client/` and
 /// [`CLIENT_PROTOCOL_VERSION`] (the version is negotiated by the TLS handshake, so a client and a
 /// node of different versions fail to connect instead of misreading each other's frames).
-pub const CLIENT_ALPN: &[u8] = b"tenure-client/3";
+pub const CLIENT_ALPN: &[u8] = b"tenure-client/4";
 
 /// ALPN prefix every version of the client protocol shares.
 pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
@@ -57,7 +57,10 @@ pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
 /// - 3: one [`RequestBody::Lease`] carrying any [`LeaseOp`] replaces the `Acquire`, `Renew` and
 ///   `Release` variants (the operation set is defined once, in `tenure-core`); `Transfer` and
 ///   its reply `Transferred` are new.
-pub const CLIENT_PROTOCOL_VERSION: u16 = 3;
+/// - 4: membership requests appended: [`RequestBody::GroupMembers`], [`RequestBody::MoveReplica`]
+///   (operators), [`RequestBody::CreateReplica`] and [`RequestBody::DropReplica`] (nodes only),
+///   with the answers [`ResponseBody::Members`] and [`ResponseBody::Replica`].
+pub const CLIENT_PROTOCOL_VERSION: u16 = 4;
 
 /// The client protocol version an ALPN identifier names: `Ok` only for this build's
 /// [`CLIENT_PROTOCOL_VERSION`]; another version is [`ProtoError::UnsupportedVersion`], an
@@ -188,6 +191,42 @@ pub enum RequestBody {
     /// This node's view of its groups: roles, terms, log indexes and replication lag. Needs no
     /// authentication (it shows no tenant data).
     Status,
+    /// A group's replica set (voters, learners, leader, progress) as its leader sees it
+    /// (forwarded there when asked and possible, else this node's replica's view). Needs no
+    /// authentication (it shows no tenant data).
+    GroupMembers {
+        /// The group.
+        group_id: u32,
+    },
+    /// Operators only: move the group's replica on node `from` to node `to` (add `to` as a
+    /// learner, let it catch up, change the voters through joint consensus, drop `from`'s
+    /// replica). Runs on the group's leader; answered with the new replica set once done, or
+    /// `UNAVAILABLE` when the request's time ran out first (the move goes on: see
+    /// `GroupMembers`). Repeating a finished move answers the same replica set.
+    MoveReplica {
+        /// The group.
+        group_id: u32,
+        /// The node whose replica leaves.
+        from: u64,
+        /// The node that gets the new replica.
+        to: u64,
+    },
+    /// Cluster nodes only (a node certificate): create an empty replica of the group on this
+    /// node, which its leader then adds as a learner. Creating one that exists is a no-op.
+    CreateReplica {
+        /// The group.
+        group_id: u32,
+    },
+    /// Cluster nodes only: stop this node's replica of the group, which no longer counts it
+    /// among its members (its data stays on disk, so a later `CreateReplica` reopens it).
+    /// Refused when this replica's own membership lists this node at a later log index than
+    /// `membership_log_index` (it was added again since). Dropping none is a no-op.
+    DropReplica {
+        /// The group.
+        group_id: u32,
+        /// Log index of the group's membership entry that no longer lists this node.
+        membership_log_index: u64,
+    },
 }
 
 impl RequestBody {
@@ -201,6 +240,10 @@ impl RequestBody {
             RequestBody::List { .. } => "list",
             RequestBody::Batch { .. } => "batch",
             RequestBody::Status => "status",
+            RequestBody::GroupMembers { .. } => "group_members",
+            RequestBody::MoveReplica { .. } => "move_replica",
+            RequestBody::CreateReplica { .. } => "create_replica",
+            RequestBody::DropReplica { .. } => "drop_replica",
         }
     }
 }
@@ -231,6 +274,48 @@ pub enum ResponseBody {
     Batch(Vec<Result<LeaseResult, WireError>>),
     /// Status's answer.
     Status(NodeStatus),
+    /// A group's replica set (the answer to `GroupMembers` and `MoveReplica`).
+    Members(GroupMembers),
+    /// `CreateReplica`'s and `DropReplica`'s answer.
+    Replica(ReplicaChange),
+}
+
+/// A group's replica set as one replica (the leader, when it is known) sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupMembers {
+    /// The group.
+    pub group_id: u32,
+    /// The node whose replica answered.
+    pub seen_by: u64,
+    /// The leader that replica knows, if any.
+    pub leader: Option<u64>,
+    /// Its current term.
+    pub term: u64,
+    /// The voters, ascending (during a joint change: the union of both voter sets).
+    pub voters: Vec<u64>,
+    /// Each voter set: one outside a change, two (old, new) while a joint change runs.
+    pub voter_sets: Vec<Vec<u64>>,
+    /// Learners (replicas that receive the log but do not vote), ascending.
+    pub learners: Vec<u64>,
+    /// Log index of the membership entry in effect (0 before the first).
+    pub membership_log_index: u64,
+    /// Whether that membership entry is committed.
+    pub membership_committed: bool,
+    /// Index of the last entry in the answering replica's log.
+    pub last_log_index: u64,
+    /// On the leader: each other replica's matched log index.
+    pub followers: Vec<FollowerProgress>,
+}
+
+/// The outcome of `CreateReplica` or `DropReplica` on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaChange {
+    /// The group.
+    pub group_id: u32,
+    /// The node that created or dropped its replica.
+    pub node_id: u64,
+    /// False when there was nothing to do (it already had, or no longer had, the replica).
+    pub changed: bool,
 }
 
 /// One node's view of itself and of the groups it hosts (the answer to [`RequestBody::Status`]).
@@ -292,6 +377,8 @@ impl ResponseBody {
             ResponseBody::List(_) => "List",
             ResponseBody::Batch(_) => "Batch",
             ResponseBody::Status(_) => "Status",
+            ResponseBody::Members(_) => "Members",
+            ResponseBody::Replica(_) => "Replica",
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The QUIC side of the native client protocol (`tenure_proto::client`): connections arrive
-//! from the transport's endpoint (ALPN `tenure-client/3`); each bidirectional stream carries
+//! from the transport's endpoint (ALPN `tenure-client/4`); each bidirectional stream carries
 //! request frames one way and response frames the other. Requests of a connection run
 //! concurrently; every response ready when a stream's writer wakes goes into one frame.
 //!
@@ -661,7 +661,10 @@ async fn handle_request(
     }
     let insecure = service.authenticator().insecure_dev_mode();
     if matches!(identity, Identity::Client(_))
-        && matches!(body, RequestBody::Routing | RequestBody::Status)
+        && matches!(
+            body,
+            RequestBody::Routing | RequestBody::Status | RequestBody::GroupMembers { .. }
+        )
     {
         let taken = state
             .routing_status
@@ -715,7 +718,14 @@ async fn handle_request(
                     flags.principal_claimed = true;
                     named
                 }
-                (None, _) if matches!(body, RequestBody::Routing | RequestBody::Status) => {
+                (None, _)
+                    if matches!(
+                        body,
+                        RequestBody::Routing
+                            | RequestBody::Status
+                            | RequestBody::GroupMembers { .. }
+                    ) =>
+                {
                     Principal {
                         principal_id: String::new(),
                         tenant_id: String::new(),
@@ -736,6 +746,10 @@ async fn handle_request(
                 principal,
                 flags,
                 timeout,
+                peer_node: match identity {
+                    Identity::Node(node) => Some(*node),
+                    Identity::Client(_) => None,
+                },
             },
             body,
         )

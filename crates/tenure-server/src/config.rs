@@ -1583,6 +1583,7 @@ node_key = "certs/node-1.key"
             sha256: crate::auth::token_sha256_hex("secret"),
             principal_id: "svc".into(),
             tenant_id: "acme".into(),
+            operator: false,
         });
         config.testing.clock_rate_ppm = -5_000;
         let text = config.to_toml().unwrap();
@@ -1749,6 +1750,7 @@ node_key = "certs/node-1.key"
             sha256: "abc".into(),
             principal_id: "svc".into(),
             tenant_id: "acme".into(),
+            operator: false,
         });
         assert_eq!(invalid_field(&config), "auth.tokens[0].sha256");
         config.auth.tokens[0].sha256 = crate::auth::token_sha256_hex("t");

@@ -40,7 +40,7 @@ use tenure_core::{
 use tenure_proto::client::WireError;
 use tenure_storage::{GroupStateMachine, TenureRaft};
 use tenure_transport::GroupRaft;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
 use crate::clock::MonotonicClock;
@@ -111,6 +111,8 @@ pub struct GroupHandle {
     expire_inflight: AtomicBool,
     last_expire_clock_ms: AtomicU64,
     view: Mutex<LeaderView>,
+    /// Set once the replica is stopped (dropped from this node): ends its proposer.
+    stopped: watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for GroupHandle {
@@ -151,6 +153,7 @@ impl GroupHandle {
         settings: GroupSettings,
     ) -> Arc<Self> {
         let (queue, receiver) = mpsc::channel(settings.queue_max.max(1));
+        let (stopped, stop_signal) = watch::channel(false);
         let handle = Arc::new(GroupHandle {
             group_id,
             node_id,
@@ -163,8 +166,9 @@ impl GroupHandle {
             expire_inflight: AtomicBool::new(false),
             last_expire_clock_ms: AtomicU64::new(0),
             view: Mutex::new(LeaderView::default()),
+            stopped,
         });
-        tokio::spawn(run_proposer(handle.clone(), receiver));
+        tokio::spawn(run_proposer(handle.clone(), receiver, stop_signal));
         tokio::spawn(watch_leadership(handle.clone()));
         handle
     }
@@ -379,6 +383,73 @@ impl GroupHandle {
         }
     }
 
+    /// Stops the replica (its Raft and its proposer); queued proposals are answered with an
+    /// error. The node has already stopped routing to it.
+    pub async fn stop(&self) {
+        self.stopped.send_replace(true);
+        if let Err(error) = self.raft.shutdown().await {
+            warn!(group = self.group_id, "stopping the replica: {error}");
+        }
+    }
+
+    /// The group's replica set as this replica sees it (its effective membership), with the
+    /// followers' progress when it leads.
+    pub fn members(&self) -> tenure_proto::client::GroupMembers {
+        let view = self.leader_view();
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        let stored = &metrics.membership_config;
+        let membership = stored.membership();
+        let voter_sets: Vec<Vec<u64>> = membership
+            .get_joint_config()
+            .iter()
+            .map(|set| set.iter().copied().collect())
+            .collect();
+        let mut voters: Vec<u64> = membership.voter_ids().collect();
+        voters.sort_unstable();
+        voters.dedup();
+        let mut learners: Vec<u64> = membership.learner_ids().collect();
+        learners.sort_unstable();
+        let membership_log_index = stored.log_id().as_ref().map_or(0, |id| id.index);
+        let committed_index = metrics.local_committed.as_ref().map_or(0, |id| id.index);
+        let followers = self.followers_of(&metrics);
+        tenure_proto::client::GroupMembers {
+            group_id: self.group_id,
+            seen_by: self.node_id,
+            leader: view.leader,
+            term: metrics.current_term,
+            voters,
+            voter_sets,
+            learners,
+            membership_log_index,
+            membership_committed: membership_log_index <= committed_index,
+            last_log_index: metrics.last_log_index.unwrap_or(0),
+            followers,
+        }
+    }
+
+    /// Each other replica's matched log index, as this replica's metrics say (empty unless it
+    /// leads).
+    fn followers_of(
+        &self,
+        metrics: &openraft::RaftMetrics<TenureRaft>,
+    ) -> Vec<tenure_proto::client::FollowerProgress> {
+        metrics
+            .replication
+            .as_ref()
+            .map(|replication| {
+                replication
+                    .iter()
+                    .filter(|(node, _)| **node != self.node_id)
+                    .map(|(node, log_id)| tenure_proto::client::FollowerProgress {
+                        node_id: *node,
+                        matched_index: log_id.as_ref().map_or(0, |id| id.index),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The replication progress of followers (leader only): node -> matched log index.
     pub fn follower_progress(&self) -> Option<(u64, Vec<(u64, u64)>)> {
         let metrics = self.raft.metrics();
@@ -405,20 +476,7 @@ impl GroupHandle {
         let is_leader = clock.is_some_and(|clock| {
             clock.ready && clock.term > 0 && clock.term == metrics.current_term
         });
-        let followers = metrics
-            .replication
-            .as_ref()
-            .map(|replication| {
-                replication
-                    .iter()
-                    .filter(|(node, _)| **node != self.node_id)
-                    .map(|(node, log_id)| tenure_proto::client::FollowerProgress {
-                        node_id: *node,
-                        matched_index: log_id.as_ref().map_or(0, |id| id.index),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let followers = self.followers_of(&metrics);
         tenure_proto::client::GroupStatus {
             group_id: self.group_id,
             leader: view.leader,
@@ -572,7 +630,11 @@ async fn watch_leadership(handle: Arc<GroupHandle>) {
     }
 }
 
-async fn run_proposer(handle: Arc<GroupHandle>, mut receiver: mpsc::Receiver<Proposal>) {
+async fn run_proposer(
+    handle: Arc<GroupHandle>,
+    mut receiver: mpsc::Receiver<Proposal>,
+    mut stop: watch::Receiver<bool>,
+) {
     let inflight = Arc::new(Semaphore::new(
         handle.settings.proposals_inflight_max.max(1),
     ));
@@ -581,9 +643,12 @@ async fn run_proposer(handle: Arc<GroupHandle>, mut receiver: mpsc::Receiver<Pro
     loop {
         let first = match carried.take() {
             Some(proposal) => proposal,
-            None => match receiver.recv().await {
-                Some(proposal) => proposal,
-                None => return,
+            None => tokio::select! {
+                received = receiver.recv() => match received {
+                    Some(proposal) => proposal,
+                    None => return,
+                },
+                _ = stop.wait_for(|stopped| *stopped) => return,
             },
         };
         // Waiting for a slot lets more operations queue up behind `first`: the batch grows

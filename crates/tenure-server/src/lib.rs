@@ -24,7 +24,11 @@
 //! - [`shared`]: the state the request path and the background tasks share; readiness.
 //! - [`background`]: expiry, leader balancing, the leader-table exchange, gauges, and the
 //!   shutdown hand-off, one module each.
-//! - [`placement`]: which nodes host which groups.
+//! - [`placement`]: the configured layout: which nodes a fresh cluster places each group on.
+//! - [`replicas`]: this node's replicas: opened at start from the recorded set (the layout on a
+//!   data directory's first start), created and dropped at run time.
+//! - [`membership`]: moving a group's replica between nodes (learner, catch-up, joint
+//!   consensus, drop), run by the group's leader.
 //! - [`client_server`]: the QUIC side of the client protocol.
 //! - [`forward`]: connections to other nodes' client endpoints for forwarding.
 //! - [`http`]: the axum gateway (Tenure v1 routes, health, readiness, metrics, OpenAPI).
@@ -53,9 +57,11 @@ pub mod group;
 pub mod http;
 pub mod identity;
 pub mod limits;
+pub mod membership;
 pub mod metrics;
 pub mod node;
 pub mod placement;
+pub mod replicas;
 pub mod request;
 pub mod serve;
 pub mod shared;

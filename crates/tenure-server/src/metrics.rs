@@ -103,6 +103,17 @@ pub const DATA_DIR_AVAILABLE_BYTES: &str = "tenure_data_dir_available_bytes";
 pub const DATA_DIR_TOTAL_BYTES: &str = "tenure_data_dir_total_bytes";
 /// 1 when the node is ready (as `GET /readyz`), else 0.
 pub const NODE_READY: &str = "tenure_node_ready";
+/// Replicas this node created at run time (a membership change added it to a group).
+pub const REPLICAS_CREATED_TOTAL: &str = "tenure_replicas_created_total";
+/// Replicas this node dropped at run time (it left a group).
+pub const REPLICAS_DROPPED_TOTAL: &str = "tenure_replicas_dropped_total";
+/// Replica moves this node ran as a group's leader, by `result` (`ok` or an error code).
+pub const REPLICA_MOVES_TOTAL: &str = "tenure_replica_moves_total";
+/// Replica moves running on this node now.
+pub const REPLICA_MOVES_INFLIGHT: &str = "tenure_replica_moves_inflight";
+/// Groups this node leads with fewer voters than the configured replication factor, or in the
+/// middle of a joint membership change.
+pub const GROUPS_UNDER_REPLICATED: &str = "tenure_groups_under_replicated";
 
 /// Every counter the node exports (registered at zero at start, so dashboards and alerts see
 /// them before the first event).
@@ -126,6 +137,9 @@ pub const COUNTERS: &[&str] = &[
     RENEWALS_SAMPLED_TOTAL,
     RENEWALS_LATE_TOTAL,
     ACQUIRES_REFUSED_RENEWAL_PRESSURE_TOTAL,
+    REPLICAS_CREATED_TOTAL,
+    REPLICAS_DROPPED_TOTAL,
+    REPLICA_MOVES_TOTAL,
 ];
 
 /// Every gauge the node exports (registered at zero at start).
@@ -146,6 +160,8 @@ pub const GAUGES: &[&str] = &[
     DATA_DIR_TOTAL_BYTES,
     NODE_READY,
     RENEWAL_PRESSURE_TENANTS,
+    REPLICA_MOVES_INFLIGHT,
+    GROUPS_UNDER_REPLICATED,
 ];
 
 /// Every histogram the node exports (they appear after their first observation).
@@ -167,6 +183,9 @@ pub fn register_all() {
             }
             REQUESTS_FORWARDED_TOTAL => {
                 ::metrics::counter!(name, "op" => "acquire").increment(0);
+            }
+            REPLICA_MOVES_TOTAL => {
+                ::metrics::counter!(name, "result" => "ok").increment(0);
             }
             _ => ::metrics::counter!(name).increment(0),
         }

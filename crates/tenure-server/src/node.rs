@@ -1,8 +1,9 @@
 //! Starting, running and stopping one node: start-up and wiring only.
 //!
 //! [`Node::start`] claims the data directory, opens storage, starts the QUIC endpoint (peer
-//! protocol and client protocol on one port), creates the replicas of the groups this node hosts
-//! (placed by [`crate::placement`]), starts the heartbeat driver, bootstraps fresh groups, builds
+//! protocol and client protocol on one port), opens the replicas this node hosts (the recorded
+//! ones, or the configured layout on a data directory's first start: [`crate::replicas`]),
+//! starts the heartbeat driver, bootstraps fresh groups, builds
 //! the [`NodeShared`] state, and starts the HTTP gateway and the background tasks
 //! ([`crate::background`]: expiry, leader balancing, the leader-table exchange, gauges). Requests
 //! are served by [`crate::request`]; a graceful stop hands leadership off
@@ -17,15 +18,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use openraft::impls::BasicNode;
 use tenure_core::{GroupLimits, NegativeControl, PlacementMap, SLOT_COUNT_DEFAULT, StateOptions};
 use tenure_proto::client::CLIENT_ALPN;
 use tenure_storage::{NodeStorage, StorageOptions};
 use tenure_transport::tls::NodeTls;
-use tenure_transport::{
-    FaultInjector, GroupNetworkFactory, GroupRaft, GroupRegistry, GroupTable, Transport,
-    TransportConfig,
-};
+use tenure_transport::{FaultInjector, GroupRegistry, GroupTable, Transport, TransportConfig};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -41,6 +38,7 @@ use crate::fault_control::FaultControls;
 use crate::forward::Forwarder;
 use crate::group::{GroupHandle, GroupSettings, LeaderView};
 use crate::metrics as m;
+use crate::replicas::{ReplicaFactory, ReplicaSettings};
 use crate::request::Service;
 use crate::shared::NodeShared;
 
@@ -236,30 +234,28 @@ impl Node {
                 .map_or_else(rand::random, |seed| seed ^ 0x5eed_0f7a_b1e5),
             negative_control,
         };
-        let replica = ReplicaSettings {
-            state_options,
-            raft_config,
-            clock: clock.clone(),
-            settings,
-        };
-        let (groups, fresh) =
-            create_groups(&config, &storage, &transport, &table, &replica).await?;
+        let factory = ReplicaFactory::new(
+            node_id,
+            storage.clone(),
+            transport.clone(),
+            table.clone(),
+            ReplicaSettings {
+                state_options,
+                raft_config,
+                clock: clock.clone(),
+                settings,
+            },
+        );
+        let at_start = factory.open_at_start(&config).await?;
         let heartbeat = tenure_transport::spawn_heartbeat_driver(
             registry,
             Duration::from_millis(timing.heartbeat_interval_ms),
         );
-        for (raft, members, group) in fresh {
-            if let Err(error) = raft.initialize(members).await {
-                warn!(group, "bootstrapping the group failed: {error}");
-            } else {
-                info!(group, "bootstrapped a fresh group");
-            }
-        }
         let client_addr = transport.local_addr()?;
         let shared = Arc::new(shared_state(
             config,
             auth,
-            groups,
+            (at_start.groups, factory),
             forwarder,
             transport,
             storage,
@@ -275,6 +271,14 @@ impl Node {
             start_http(env.serve_http, own.http_addr, service).await?;
         let tasks = vec![
             heartbeat,
+            // Founds fresh groups once every other node says they exist nowhere yet, then
+            // records the replicas (a data directory's first start only).
+            tokio::spawn(crate::membership::bootstrap(
+                shared.clone(),
+                at_start.fresh,
+                at_start.to_record,
+            )),
+            tokio::spawn(background::replica_gc::run_replica_gc(shared.clone())),
             tokio::spawn(background::expiry::run_expiry(shared.clone())),
             tokio::spawn(background::balancer::run_balancer(shared.clone())),
             tokio::spawn(background::gauges::run_gauges(shared.clone())),
@@ -303,7 +307,7 @@ impl Node {
     /// The group replicas this node hosts, by group id (for tests and simulations that watch
     /// them).
     pub fn groups(&self) -> Vec<Arc<GroupHandle>> {
-        self.shared.hosted().cloned().collect()
+        self.shared.hosted()
     }
 
     /// The fault knobs (`[testing] fault_control = true` only): a simulation turns them directly,
@@ -457,83 +461,6 @@ fn node_clocks(
     (system_clock, clock)
 }
 
-/// A group this node creates on a fresh cluster: its Raft, members and id.
-type FreshGroup = (GroupRaft, BTreeMap<u64, BasicNode>, u32);
-
-/// What every replica of this node is created with.
-struct ReplicaSettings {
-    state_options: StateOptions,
-    raft_config: Arc<openraft::Config>,
-    clock: Arc<dyn MonotonicClock>,
-    settings: GroupSettings,
-}
-
-/// Creates the replicas of the groups this node hosts (`None` for the others) and names the
-/// fresh groups this node bootstraps (it is their preferred leader and they have no state yet).
-async fn create_groups(
-    config: &ServerConfig,
-    storage: &NodeStorage,
-    transport: &Transport,
-    table: &GroupTable,
-    replica: &ReplicaSettings,
-) -> Result<(Vec<Option<Arc<GroupHandle>>>, Vec<FreshGroup>), ServerError> {
-    let ReplicaSettings {
-        state_options,
-        raft_config,
-        clock,
-        settings,
-    } = replica;
-    let state_options = *state_options;
-    let node_id = config.node_id;
-    let node_ids: Vec<u64> = config.peers.keys().copied().collect();
-    let mut groups: Vec<Option<Arc<GroupHandle>>> = Vec::with_capacity(config.groups as usize);
-    let mut fresh = Vec::new();
-    for group in 0..config.groups {
-        let replicas = replicas_of(group, &node_ids, config.replication_factor);
-        if !replicas.contains(&node_id) {
-            groups.push(None);
-            continue;
-        }
-        let state_machine = storage.state_machine(group, state_options)?;
-        let raft = GroupRaft::new(
-            node_id,
-            raft_config.clone(),
-            GroupNetworkFactory::new(transport.clone(), group),
-            storage.log_store(group),
-            state_machine.clone(),
-        )
-        .await
-        .map_err(|e| ServerError::Raft(format!("creating group {group}: {e}")))?;
-        table.insert(group, raft.clone());
-        if replicas.first() == Some(&node_id)
-            && !raft
-                .is_initialized()
-                .await
-                .map_err(|e| ServerError::Raft(e.to_string()))?
-        {
-            let members: BTreeMap<u64, BasicNode> = replicas
-                .iter()
-                .filter_map(|id| {
-                    config
-                        .peers
-                        .get(id)
-                        .map(|peer| (*id, BasicNode::new(peer.addr.to_string())))
-                })
-                .collect();
-            fresh.push((raft.clone(), members, group));
-        }
-        groups.push(Some(GroupHandle::start(
-            group,
-            node_id,
-            raft,
-            state_machine,
-            clock.clone(),
-            settings.clone(),
-        )));
-    }
-    Ok((groups, fresh))
-}
-
 /// Starts the HTTP gateway on `addr` (or, when `serve`, is false, a task that ends at once):
 /// returns the switch that stops it, the address it listens on and its task.
 async fn start_http(
@@ -569,7 +496,7 @@ async fn start_http(
 fn shared_state(
     config: ServerConfig,
     auth: Authenticator,
-    groups: Vec<Option<Arc<GroupHandle>>>,
+    (groups, replicas): (Vec<Option<Arc<GroupHandle>>>, ReplicaFactory),
     forwarder: Arc<Forwarder>,
     transport: Transport,
     storage: NodeStorage,
@@ -582,7 +509,9 @@ fn shared_state(
     Ok(NodeShared {
         auth,
         node_ids: config.peers.keys().copied().collect(),
-        groups,
+        groups: std::sync::RwLock::new(groups),
+        replicas,
+        moves: crate::replicas::Moves::new(),
         placement,
         remote_leaders: Mutex::new(remote_leaders),
         forwarder,

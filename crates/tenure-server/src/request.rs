@@ -35,6 +35,9 @@ pub struct RequestContext {
     pub flags: RequestFlags,
     /// How long the caller waits.
     pub timeout: Duration,
+    /// The cluster node whose connection carries the request (its node certificate proved it),
+    /// `None` for clients. Only nodes may create or drop this node's replicas.
+    pub peer_node: Option<u64>,
 }
 
 /// The request handler of one node. Cheap to clone.
@@ -162,7 +165,7 @@ impl NodeShared {
         error
     }
 
-    fn not_leader(&self, group: u32) -> WireError {
+    pub(crate) fn not_leader(&self, group: u32) -> WireError {
         let view = self.leader_of(group);
         let mut error = WireError::new(
             ErrorCode::NotLeader,
@@ -205,6 +208,13 @@ impl NodeShared {
             )),
             RequestBody::Routing => Ok(ResponseBody::Routing(self.routing_table())),
             RequestBody::Status => Ok(ResponseBody::Status(self.node_status())),
+            RequestBody::GroupMembers { group_id } => self.group_members(group_id, &ctx).await,
+            RequestBody::MoveReplica { group_id, from, to } => {
+                self.move_replica(group_id, from, to, &ctx).await
+            }
+            body @ (RequestBody::CreateReplica { .. } | RequestBody::DropReplica { .. }) => {
+                self.replica_request(body, &ctx).await
+            }
             RequestBody::Lease(op) => {
                 if op.kind() == LeaseOpKind::Renew {
                     ::metrics::histogram!(m::RENEWALS_PER_REQUEST).record(1.0);
@@ -352,7 +362,7 @@ impl NodeShared {
         let mut ops = ops;
         if let Some(handle) = self.group(group) {
             if handle.is_ready_leader() {
-                self.weigh_renewal_pressure(handle, &tenant, &ops, class)?;
+                self.weigh_renewal_pressure(&handle, &tenant, &ops, class)?;
                 // The proposal consumes the operations; keep a copy only when a lost leadership
                 // may still be answered by forwarding them.
                 let fallback = ctx.flags.forward.then(|| ops.clone());

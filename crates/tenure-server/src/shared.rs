@@ -6,7 +6,7 @@
 //! (`node`); they all build on this.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tenure_core::PlacementMap;
 use tenure_storage::NodeStorage;
@@ -45,7 +45,13 @@ pub struct NodeShared {
     pub(crate) config: ServerConfig,
     pub(crate) auth: Authenticator,
     pub(crate) node_ids: Vec<u64>,
-    pub(crate) groups: Vec<Option<Arc<GroupHandle>>>,
+    /// The replicas this node hosts, by group id (`None`: not hosted here). Replicas are added
+    /// and dropped at run time by membership changes (`crate::replicas`).
+    pub(crate) groups: RwLock<Vec<Option<Arc<GroupHandle>>>>,
+    /// Creates and drops replicas at run time.
+    pub(crate) replicas: crate::replicas::ReplicaFactory,
+    /// Replica moves this node runs as a group's leader.
+    pub(crate) moves: crate::replicas::Moves,
     pub(crate) placement: PlacementMap,
     pub(crate) remote_leaders: Mutex<Vec<LeaderView>>,
     pub(crate) forwarder: Arc<Forwarder>,
@@ -73,12 +79,44 @@ impl NodeShared {
         self.fault_controls.clone()
     }
 
-    pub(crate) fn hosted(&self) -> impl Iterator<Item = &Arc<GroupHandle>> {
-        self.groups.iter().flatten()
+    /// The replicas hosted here now, by group id.
+    pub(crate) fn hosted(&self) -> Vec<Arc<GroupHandle>> {
+        self.groups
+            .read()
+            .map(|groups| groups.iter().flatten().cloned().collect())
+            .unwrap_or_default()
     }
 
-    pub(crate) fn group(&self, group: u32) -> Option<&Arc<GroupHandle>> {
-        self.groups.get(group as usize).and_then(Option::as_ref)
+    /// This node's replica of `group`, if it hosts one.
+    pub(crate) fn group(&self, group: u32) -> Option<Arc<GroupHandle>> {
+        self.groups
+            .read()
+            .ok()
+            .and_then(|groups| groups.get(group as usize).cloned().flatten())
+    }
+
+    /// Voters each group should have: the replication factor, at most the number of nodes.
+    pub(crate) fn voters_wanted(&self) -> usize {
+        usize::try_from(self.config.replication_factor)
+            .unwrap_or(usize::MAX)
+            .clamp(1, self.node_ids.len().max(1))
+    }
+
+    /// Every node but this one.
+    pub(crate) fn other_nodes(&self) -> Vec<u64> {
+        self.node_ids
+            .iter()
+            .copied()
+            .filter(|&node| node != self.config.node_id)
+            .collect()
+    }
+
+    /// True when this node hosts a replica of every group.
+    pub(crate) fn hosts_every_group(&self) -> bool {
+        self.groups
+            .read()
+            .map(|groups| groups.iter().all(Option::is_some))
+            .unwrap_or(false)
     }
 
     /// The leader of `group` as this node knows it.

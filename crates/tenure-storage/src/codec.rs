@@ -52,6 +52,12 @@ pub const META_COMMITTED: u8 = 2;
 pub const META_LAST_PURGED: u8 = 3;
 /// Tag of the current snapshot pointer in the state column family.
 pub const STATE_SNAPSHOT: u8 = 1;
+/// The key prefix of node-wide records (no group has this id; the configuration's group bound
+/// is far below it).
+pub const NODE_RECORDS_GROUP: u32 = u32::MAX;
+/// Tag of the node's replica record (`meta` column family, group [`NODE_RECORDS_GROUP`]): the
+/// groups this node hosts (`replicas::ReplicaRecord`).
+pub const NODE_REPLICAS: u8 = 1;
 
 /// Key of log entry `index` of `group`.
 pub fn log_key(group: u32, index: u64) -> [u8; 12] {

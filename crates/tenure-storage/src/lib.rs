@@ -12,6 +12,9 @@
 //! - [`GroupStateMachine`]: openraft's `RaftStateMachine` for one group, applying entries through
 //!   `tenure-core` and snapshotting in `tenure-core`'s format to files.
 //! - [`TenureRaft`]: the openraft type configuration every tenure crate shares.
+//! - [`NodeStorage::recorded_replicas`], [`NodeStorage::record_replicas`],
+//!   [`NodeStorage::delete_replica`]: which replicas the node hosts, and dropping one's data
+//!   (keeping its vote).
 //! - [`MemoryDisk`]: an in-memory stand-in for RocksDB (for a deterministic simulation) that
 //!   loses unsynced writes when told the machine crashed; [`NodeStorage::open_in_memory`].
 //!
@@ -31,6 +34,7 @@ pub mod codec;
 mod error;
 mod log_store;
 mod node;
+mod replicas;
 mod runtime;
 mod state_machine;
 
@@ -41,6 +45,7 @@ pub use node::{
     FILE_DESCRIPTORS_BESIDES_TABLES_MAX, FSYNC_DURATION_SECONDS_METRIC, MAX_OPEN_FILES_DEFAULT,
     NodeStorage, SNAPSHOT_FILES_PER_GROUP_MAX, StatsSnapshot, StorageOptions, StorageStats,
 };
+pub use replicas::ReplicaRecord;
 pub use runtime::{TenureRuntime, seed_raft_randomness};
 pub use state_machine::{GroupSnapshotBuilder, GroupStateMachine};
 

@@ -196,6 +196,13 @@ impl Inner {
         Arc::clone(lock(&self.snapshot_exclusion).entry(group).or_default())
     }
 
+    /// Forgets a dropped replica's failure mark and snapshot exclusion (a new replica of the
+    /// group starts clean).
+    pub(crate) fn forget_group(&self, group: u32) {
+        lock(&self.stopped).remove(&group);
+        lock(&self.snapshot_exclusion).remove(&group);
+    }
+
     /// A number no other snapshot operation of this store has.
     pub(crate) fn next_snapshot_op(&self) -> u64 {
         self.snapshot_ops.fetch_add(1, Ordering::Relaxed)

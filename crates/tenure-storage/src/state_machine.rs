@@ -77,7 +77,7 @@ fn lock(state: &Mutex<MachineState>) -> MutexGuard<'_, MachineState> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn snapshot_dir(data_dir: &Path, group: u32) -> PathBuf {
+pub(crate) fn snapshot_dir(data_dir: &Path, group: u32) -> PathBuf {
     data_dir.join("snapshots").join(format!("group-{group:05}"))
 }
 

@@ -285,6 +285,7 @@ pub fn node_config(
                     sha256: tenure_server::auth::token_sha256_hex(&token.token),
                     principal_id: token.principal_id.clone(),
                     tenant_id: token.tenant_id.clone(),
+                    operator: false,
                 })
                 .collect(),
         },

@@ -59,6 +59,8 @@ struct Summary {
     elections: u64,
     states_compared: u64,
     lost_unsynced_batches: u64,
+    moves_done: u64,
+    moves_failed: u64,
     late_writes: u64,
     late_writes_rejected: u64,
     nemeses: BTreeMap<String, u64>,
@@ -74,8 +76,8 @@ fn line(report: &SimReport, wall_s: f64) -> String {
         .collect();
     format!(
         "sim seed {}: {} nodes, {}: faults [{}]; {:.1} simulated s in {:.1} s; {} ops checked; \
-         {} elections; {} states compared; {} unsynced batches lost; {} late writes ({} \
-         rejected); trace {:016x}; {} violation(s)",
+         {} elections; {} states compared; {} unsynced batches lost; {} moves ({} failed); {} \
+         late writes ({} rejected); trace {:016x}; {} violation(s)",
         report.seed,
         report.nodes,
         report.profile,
@@ -86,6 +88,8 @@ fn line(report: &SimReport, wall_s: f64) -> String {
         report.elections,
         report.states_compared,
         report.lost_unsynced_batches,
+        report.moves_done,
+        report.moves_failed,
         report.late_writes,
         report.late_writes_rejected,
         report.trace_hash,
@@ -108,6 +112,8 @@ fn main() -> anyhow::Result<()> {
         elections: 0,
         states_compared: 0,
         lost_unsynced_batches: 0,
+        moves_done: 0,
+        moves_failed: 0,
         late_writes: 0,
         late_writes_rejected: 0,
         nemeses: BTreeMap::new(),
@@ -128,6 +134,8 @@ fn main() -> anyhow::Result<()> {
         summary.elections += report.elections;
         summary.states_compared += report.states_compared;
         summary.lost_unsynced_batches += report.lost_unsynced_batches;
+        summary.moves_done += report.moves_done;
+        summary.moves_failed += report.moves_failed;
         summary.late_writes += report.late_writes;
         summary.late_writes_rejected += report.late_writes_rejected;
         summary.inconclusive += report.inconclusive.len() as u64;
@@ -170,13 +178,15 @@ fn main() -> anyhow::Result<()> {
         0.0
     };
     println!(
-        "sim summary: {} seeds, {:.1} simulated h, {:.0} wall s ({:.1} simulated s per wall s), {} ops checked, {} elections, nemeses {:?}, {} seed(s) with violations",
+        "sim summary: {} seeds, {:.1} simulated h, {:.0} wall s ({:.1} simulated s per wall s), {} ops checked, {} elections, {} replica moves ({} failed), nemeses {:?}, {} seed(s) with violations",
         summary.seeds,
         summary.simulated_s / 3_600.0,
         summary.wall_s,
         summary.simulated_s_per_wall_s,
         summary.ops_checked,
         summary.elections,
+        summary.moves_done,
+        summary.moves_failed,
         summary.nemeses,
         summary.violations.len()
     );

@@ -244,6 +244,11 @@ impl Cluster {
         self.nodes.keys().copied().collect()
     }
 
+    /// The number of Raft groups.
+    pub fn groups(&self) -> u32 {
+        self.options.groups
+    }
+
     /// The network's kind.
     pub fn network_mode(&self) -> NetworkMode {
         self.network.mode()

@@ -24,6 +24,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rand::rngs::SmallRng;
+use rand::{Rng as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
 use tenure_client::{Client, NodeStatus, ResourceKey};
 use tenure_core::NegativeControl;
@@ -414,6 +416,8 @@ enum Active {
     ClockRate(u64),
     ClockJump(u64),
     SlowDisk(u64),
+    /// A replica move running in a task; its outcome arrives here.
+    Move(tokio::sync::watch::Receiver<Option<String>>),
 }
 
 /// Runs one seeded run.
@@ -1050,7 +1054,67 @@ async fn apply(
             shared.log(name, true, format!("node {node} WAL syncs +{delay_ms} ms"));
             Ok(Active::SlowDisk(*node))
         }
+        Fault::MoveReplica { pick } => {
+            let (group, from, to) = choose_move(*pick, shared, client).await?;
+            shared.log(
+                name,
+                true,
+                format!("group {group}: node {from} -> node {to}"),
+            );
+            let (report, outcome) = tokio::sync::watch::channel(None);
+            let client = client.clone();
+            tokio::spawn(async move {
+                let moved = client
+                    .move_replica(group, from, to, MOVE_WAIT)
+                    .await
+                    .map_or_else(
+                        |error| format!("group {group}: move failed: {error}"),
+                        |members| format!("group {group}: voters {:?}", members.voters),
+                    );
+                report.send_replace(Some(moved));
+            });
+            Ok(Active::Move(outcome))
+        }
     }
+}
+
+/// How long the nemesis waits for one replica move (the client repeats it while it runs).
+const MOVE_WAIT: Duration = Duration::from_secs(30);
+
+/// A move drawn from `pick`: a group (some group's current replica set, asked of its leader), one
+/// of its voters, and a node without a replica of it.
+async fn choose_move(
+    pick: u64,
+    shared: &Shared,
+    client: &Client,
+) -> Result<(u32, u64, u64), String> {
+    let mut rng = SmallRng::seed_from_u64(pick);
+    let (ids, groups) = {
+        let cluster = shared.cluster.lock().await;
+        (cluster.ids(), cluster.groups())
+    };
+    let group = rng.random_range(0..groups.max(1));
+    let members = client
+        .group_members(group)
+        .await
+        .map_err(|error| format!("group {group}'s members: {error}"))?;
+    if members.voter_sets.len() > 1 {
+        return Err(format!("group {group} is in a joint change"));
+    }
+    let spare: Vec<u64> = ids
+        .iter()
+        .copied()
+        .filter(|id| !members.voters.contains(id))
+        .collect();
+    if members.voters.is_empty() || spare.is_empty() {
+        return Err(format!(
+            "group {group} has no spare node ({:?})",
+            members.voters
+        ));
+    }
+    let from = members.voters[rng.random_range(0..members.voters.len())];
+    let to = spare[rng.random_range(0..spare.len())];
+    Ok((group, from, to))
 }
 
 fn clock_rate(ppm: i64) -> FaultSettings {
@@ -1122,6 +1186,19 @@ async fn heal(effect: &Active, name: &str, shared: &Shared, clients: &mut [Clien
             Ok(()) => format!("node {node} WAL syncs back to normal"),
             Err(error) => format!("node {node} WAL delay not reset: {error}"),
         },
+        Active::Move(outcome) => {
+            let mut outcome = outcome.clone();
+            match tokio::time::timeout(
+                MOVE_WAIT + Duration::from_secs(5),
+                outcome.wait_for(Option::is_some),
+            )
+            .await
+            {
+                Ok(Ok(done)) => done.clone().unwrap_or_default(),
+                Ok(Err(_)) => "the move's task ended without an outcome".to_owned(),
+                Err(_) => "the move did not finish in time".to_owned(),
+            }
+        }
     };
     shared.log(name, false, detail);
 }

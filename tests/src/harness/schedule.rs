@@ -71,6 +71,13 @@ pub enum Fault {
         /// Added to every sync.
         delay_ms: u64,
     },
+    /// Move a replica of some group from a voter to a node without one; `pick` chooses the
+    /// group, the voter and the node when the step starts (the replica sets change as the run
+    /// goes).
+    MoveReplica {
+        /// Seeds the choice.
+        pick: u64,
+    },
 }
 
 impl Fault {
@@ -86,6 +93,7 @@ impl Fault {
             Fault::ClockRate { .. } => FaultKind::ClockRate,
             Fault::ClockJump { .. } => FaultKind::ClockJump,
             Fault::SlowDisk { .. } => FaultKind::SlowDisk,
+            Fault::MoveReplica { .. } => FaultKind::MoveReplica,
         }
     }
 }
@@ -128,6 +136,8 @@ pub fn plan(seed: u64, shape: &PlanShape) -> Vec<Step> {
         .iter()
         .copied()
         .filter(|kind| kind.in_fault_suite())
+        // A move needs a node without a replica (3 replicas per group).
+        .filter(|kind| shape.nodes > 3 || !kind.is_membership())
         .collect();
     if kinds.is_empty() || shape.nodes == 0 {
         return steps;
@@ -255,6 +265,10 @@ fn draw(rng: &mut SmallRng, kind: FaultKind, shape: &PlanShape) -> Option<(Fault
                 delay_ms: rng.random_range(20..=300),
             },
             rng.random_range(2_000..6_000),
+        ),
+        FaultKind::MoveReplica => (
+            Fault::MoveReplica { pick: rng.random() },
+            rng.random_range(3_000..8_000),
         ),
     };
     Some(drawn)

@@ -43,7 +43,7 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
-use tenure_client::{ClientConfig, Credentials, Endpoint, ResourceKey};
+use tenure_client::{Client, ClientConfig, Credentials, Endpoint, ResourceKey};
 use tenure_core::NegativeControl;
 use tenure_server::clock::MonotonicClock;
 use tenure_server::config::{
@@ -160,6 +160,10 @@ pub struct SimReport {
     pub late_writes_rejected: u64,
     /// Unsynced disk batches lost in crashes.
     pub lost_unsynced_batches: u64,
+    /// Replica moves the mover finished (the group's new voters answered).
+    pub moves_done: u64,
+    /// Replica moves that ended in an error (refused, leader lost, out of time).
+    pub moves_failed: u64,
     /// Hash of the trace (two runs of one seed must agree).
     pub trace_hash: u64,
     /// Every violation, as text.
@@ -375,6 +379,22 @@ enum Active {
     HoldClient {
         pairs: Vec<(String, String)>,
     },
+    /// A replica move was handed to the mover (client host 1); nothing to heal.
+    Move,
+}
+
+/// A replica move the nemesis asks for: group, from, to.
+type MoveOrder = (u32, u64, u64);
+
+/// What the mover reports of each move: whether it was done, and how it ended.
+type MoveOutcomes = Arc<Mutex<Vec<(bool, String)>>>;
+
+/// The channel from the nemesis to the mover task on client host 1, and the outcomes the mover
+/// reports back (drained into the nemesis's events, so they reach the trace).
+#[derive(Default, Clone)]
+struct Mover {
+    orders: Option<tokio::sync::mpsc::Sender<MoveOrder>>,
+    outcomes: MoveOutcomes,
 }
 
 /// One stream of the nemesis: a fault at a time.
@@ -398,6 +418,9 @@ struct Nemesis {
     /// Each node's clock rate as the nemesis wants it (a task on the node's host applies it).
     clock_rates: BTreeMap<u64, Arc<watch::Sender<i64>>>,
     lost_batches: u64,
+    mover: Mover,
+    moves_done: u64,
+    moves_failed: u64,
 }
 
 impl Nemesis {
@@ -440,6 +463,7 @@ impl Nemesis {
         shared: &Shared,
         probe: &mut Probe,
     ) {
+        self.drain_move_outcomes(now_ms);
         for index in 0..self.streams.len() {
             let due_heal = self.streams[index]
                 .active
@@ -486,6 +510,50 @@ impl Nemesis {
         Some(leaders[self.rng.random_range(0..leaders.len())])
     }
 
+    /// A move for some group whose ready leader sees one voter set: a random voter to a random
+    /// node that holds no voting replica.
+    fn pick_move(&mut self, shared: &Shared) -> Option<MoveOrder> {
+        let candidates: Vec<(u32, Vec<u64>)> = {
+            let registry = lock(&shared.registry);
+            let mut found = BTreeMap::new();
+            for handles in registry.values() {
+                for handle in handles.iter().filter_map(Weak::upgrade) {
+                    if handle.is_ready_leader() {
+                        let members = handle.members();
+                        if members.voter_sets.len() == 1 {
+                            found.insert(handle.group_id(), members.voters);
+                        }
+                    }
+                }
+            }
+            found.into_iter().collect()
+        };
+        if candidates.is_empty() {
+            return None;
+        }
+        let (group, voters) = candidates[self.rng.random_range(0..candidates.len())].clone();
+        let spare: Vec<u64> = (1..=self.nodes).filter(|n| !voters.contains(n)).collect();
+        if spare.is_empty() || voters.is_empty() {
+            return None;
+        }
+        let from = voters[self.rng.random_range(0..voters.len())];
+        let to = spare[self.rng.random_range(0..spare.len())];
+        Some((group, from, to))
+    }
+
+    /// Records the outcomes the mover reported since the last tick.
+    fn drain_move_outcomes(&mut self, now_ms: u64) {
+        let outcomes: Vec<(bool, String)> = std::mem::take(&mut *lock(&self.mover.outcomes));
+        for (done, outcome) in outcomes {
+            if done {
+                self.moves_done += 1;
+            } else {
+                self.moves_failed += 1;
+            }
+            self.record(now_ms, FaultKind::MoveReplica, false, outcome);
+        }
+    }
+
     fn apply(
         &mut self,
         now_ms: u64,
@@ -499,6 +567,24 @@ impl Nemesis {
         let active = match kind {
             // Faults of node processes the fault suite applies; the simulation has none such.
             FaultKind::PauseNode | FaultKind::SlowDisk => return None,
+            FaultKind::MoveReplica => {
+                let (group, from, to) = self.pick_move(shared)?;
+                let sent = self
+                    .mover
+                    .orders
+                    .as_ref()
+                    .is_some_and(|orders| orders.try_send((group, from, to)).is_ok());
+                if !sent {
+                    return None;
+                }
+                self.record(
+                    now_ms,
+                    kind,
+                    true,
+                    format!("group {group} n{from} -> n{to}"),
+                );
+                Active::Move
+            }
             FaultKind::Kill => {
                 let node = random_node;
                 sim.crash(node_name(node));
@@ -669,6 +755,7 @@ impl Nemesis {
                 // Wall clocks are not set back after a jump (NTP would step them again).
                 format!("n{node}'s wall clock left as it is")
             }
+            Active::Move => String::new(),
         };
         self.record(now_ms, kind, false, detail);
     }
@@ -696,8 +783,13 @@ pub fn profile_for(seed: u64, nodes: u64) -> Vec<FaultKind> {
     let kinds: Vec<FaultKind> = FaultKind::SIMULATION
         .into_iter()
         .filter(|kind| nodes >= 3 || *kind != FaultKind::PartitionBridge)
+        // A move needs a node without a replica (3 replicas per group).
+        .filter(|kind| nodes > 3 || !kind.is_membership())
         .collect();
-    let slot = usize::try_from(seed % (kinds.len() as u64 + 1)).unwrap_or(0);
+    // 5-node runs are the seeds 3 mod 4 (`SimOptions::for_seed`): they count their profiles in
+    // steps of 4, so that consecutive 5-node seeds cover every slot too.
+    let index = if nodes > 3 { seed / 4 } else { seed };
+    let slot = usize::try_from(index % (kinds.len() as u64 + 1)).unwrap_or(0);
     if slot == kinds.len() {
         kinds
     } else {
@@ -738,8 +830,23 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
     let shared = Arc::new(Shared::default());
     let nodes = add_nodes(&mut sim, options, &mut rng, scratch.path(), &certs, &shared);
     let (stop_tx, stop_rx) = watch::channel(None::<Nanos>);
-    let clients = add_clients(&mut sim, options, &mut rng, &ca_pem, stop_rx);
-    let mut nemesis = Nemesis::new(options, &kinds, &mut rng, nodes);
+    let mut mover = Mover::default();
+    let mover_orders = if kinds.iter().any(|k| k.is_membership()) {
+        let (orders, received) = tokio::sync::mpsc::channel(8);
+        mover.orders = Some(orders);
+        Some(received)
+    } else {
+        None
+    };
+    let clients = add_clients(
+        &mut sim,
+        options,
+        &mut rng,
+        &ca_pem,
+        stop_rx,
+        (mover_orders, mover.outcomes.clone()),
+    );
+    let mut nemesis = Nemesis::new(options, &kinds, &mut rng, nodes, mover);
     let mut probe = Probe::default();
     let driven = drive(
         &mut sim,
@@ -901,13 +1008,47 @@ fn add_nodes(
                 if let Some(controls) = node.fault_controls() {
                     tokio::spawn(follow_clock_rate(controls, clock_rate.subscribe()));
                 }
-                std::future::pending::<()>().await;
-                drop(node);
-                Ok(())
+                // Replicas come and go with membership changes: the probe follows them.
+                let mut hosted: Vec<u32> = node.groups().iter().map(|g| g.group_id()).collect();
+                loop {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let groups = node.groups();
+                    let now: Vec<u32> = groups.iter().map(|g| g.group_id()).collect();
+                    if now != hosted {
+                        hosted = now;
+                        lock(&shared.registry)
+                            .insert(id, groups.iter().map(Arc::downgrade).collect());
+                    }
+                }
             }
         });
     }
     handles
+}
+
+/// Carries out the nemesis's replica moves, one at a time, as an operator would (through the
+/// client library, which repeats the request while the move runs), and reports each outcome.
+async fn run_mover(
+    client: Client,
+    mut orders: tokio::sync::mpsc::Receiver<MoveOrder>,
+    outcomes: MoveOutcomes,
+) {
+    while let Some((group, from, to)) = orders.recv().await {
+        let outcome = match client
+            .move_replica(group, from, to, Duration::from_secs(20))
+            .await
+        {
+            Ok(members) => (
+                true,
+                format!(
+                    "group {group} n{from} -> n{to}: voters {:?}",
+                    members.voters
+                ),
+            ),
+            Err(error) => (false, format!("group {group} n{from} -> n{to}: {error}")),
+        };
+        lock(&outcomes).push(outcome);
+    }
 }
 
 /// What the client hosts record.
@@ -925,6 +1066,10 @@ fn add_clients(
     rng: &mut SmallRng,
     ca_pem: &str,
     stop: watch::Receiver<Option<Nanos>>,
+    (mut mover_orders, move_outcomes): (
+        Option<tokio::sync::mpsc::Receiver<MoveOrder>>,
+        MoveOutcomes,
+    ),
 ) -> Clients {
     let ops: Arc<Mutex<BTreeMap<u64, OpRecord>>> = Arc::default();
     let fence = SharedFence::default();
@@ -960,8 +1105,17 @@ fn add_clients(
         let tasks = options.tasks_per_client;
         let ttl_ms = options.ttl_ms;
         let seed = options.seed;
+        let orders = if client == 1 {
+            mover_orders.take()
+        } else {
+            None
+        };
+        let move_outcomes = move_outcomes.clone();
         sim.client(client_name(client), async move {
             let client_lib = connect(config, endpoint_seed).await?;
+            if let Some(orders) = orders {
+                tokio::spawn(run_mover(client_lib.clone(), orders, move_outcomes));
+            }
             let mut groups = HashMap::new();
             for resource in &resources {
                 let key = ResourceKey::new(TENANT.to_string(), resource.clone());
@@ -1019,15 +1173,24 @@ impl Nemesis {
         kinds: &[FaultKind],
         rng: &mut SmallRng,
         nodes: NodeHandles,
+        mover: Mover,
     ) -> Self {
         Nemesis {
             rng: SmallRng::seed_from_u64(rng.random()),
             streams: {
                 let network: Vec<FaultKind> =
                     kinds.iter().copied().filter(|k| k.is_network()).collect();
-                let node: Vec<FaultKind> =
-                    kinds.iter().copied().filter(|k| !k.is_network()).collect();
-                [network, node]
+                let node: Vec<FaultKind> = kinds
+                    .iter()
+                    .copied()
+                    .filter(|k| !k.is_network() && !k.is_membership())
+                    .collect();
+                let membership: Vec<FaultKind> = kinds
+                    .iter()
+                    .copied()
+                    .filter(|k| k.is_membership())
+                    .collect();
+                [network, node, membership]
                     .into_iter()
                     .filter(|kinds| !kinds.is_empty())
                     .map(|kinds| Stream {
@@ -1047,6 +1210,9 @@ impl Nemesis {
             wall_clocks: nodes.wall_clocks,
             clock_rates: nodes.clock_rates,
             lost_batches: 0,
+            mover,
+            moves_done: 0,
+            moves_failed: 0,
         }
     }
 }
@@ -1205,6 +1371,8 @@ fn judge(
         late_writes: check.late_writes,
         late_writes_rejected: check.late_writes_rejected,
         lost_unsynced_batches: nemesis.lost_batches,
+        moves_done: nemesis.moves_done,
+        moves_failed: nemesis.moves_failed,
         trace_hash: trace.digest(),
         violations: violations.iter().map(|v| v.describe(0)).collect(),
         violated,
@@ -1261,7 +1429,7 @@ async fn start_node(
 async fn connect(
     config: ClientConfig,
     endpoint_seed: u64,
-) -> Result<tenure_client::Client, Box<dyn std::error::Error>> {
+) -> Result<Client, Box<dyn std::error::Error>> {
     let mut last = String::new();
     for attempt in 0..100u64 {
         let seed = endpoint_seed.wrapping_add(attempt);

@@ -71,6 +71,8 @@ fn corpus() -> Vec<Case> {
         ),
         case(14, 3, &[ClockRate, ClockJump, SlowDisk], false, auto, 20),
         case(17, 5, &FaultKind::FAULT_SUITE, true, auto, 25),
+        // Membership: replica moves (5 nodes: a spare node per group) beside kills.
+        case(18, 5, &[MoveReplica, Kill], false, auto, 20),
         case(
             15,
             3,

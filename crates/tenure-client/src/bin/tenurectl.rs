@@ -37,8 +37,8 @@ use anyhow::Context as _;
 use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 use tenure_client::{
-    AcquireOptions, Client, ClientConfig, ClientError, Credentials, Endpoint, Grant, GroupStatus,
-    LeaseId, LeaseStatus, LeaseView, NodeStatus, ResourceKey,
+    AcquireOptions, Client, ClientConfig, ClientError, Credentials, Endpoint, Grant, GroupMembers,
+    GroupStatus, LeaseId, LeaseStatus, LeaseView, NodeStatus, ResourceKey,
 };
 
 /// Help heading of the options every subcommand accepts.
@@ -217,6 +217,35 @@ enum Command {
     },
     /// Show every node (reachable, ready, groups hosted and led, lag) and each group's leader.
     Status,
+    /// A group's replicas: show them, or move one to another node.
+    #[command(subcommand)]
+    Group(GroupCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum GroupCommand {
+    /// The group's voters (both sets during a joint change), learners, leader, term and each
+    /// replica's progress, as its leader sees them.
+    Show {
+        /// The group.
+        group: u32,
+    },
+    /// Move the group's replica from one node to another (cluster operators): the new replica
+    /// catches up as a learner first, the voters change by joint consensus, the old replica is
+    /// dropped. Waits until done (exit 0) or --wait-ms passes (exit 1; the move goes on).
+    Move {
+        /// The group.
+        group: u32,
+        /// The node whose replica leaves.
+        #[arg(long, value_name = "NODE")]
+        from: u64,
+        /// The node that gets the new replica.
+        #[arg(long, value_name = "NODE")]
+        to: u64,
+        /// How long to wait for the move to finish.
+        #[arg(long, value_name = "MS", default_value_t = 120_000)]
+        wait_ms: u64,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -456,7 +485,97 @@ async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
             list_report(client, &leases).await
         }
         Command::Status => status_report(client).await,
+        Command::Group(GroupCommand::Show { group }) => {
+            Ok(members_report(&client.group_members(group).await?))
+        }
+        Command::Group(GroupCommand::Move {
+            group,
+            from,
+            to,
+            wait_ms,
+        }) => Ok(members_report(
+            &client
+                .move_replica(group, from, to, Duration::from_millis(wait_ms))
+                .await?,
+        )),
     }
+}
+
+// ----- groups -----
+
+/// A group's replica set: one JSON object, or a line per replica.
+fn members_report(members: &GroupMembers) -> Report {
+    let progress: BTreeMap<u64, u64> = members
+        .followers
+        .iter()
+        .map(|f| (f.node_id, f.matched_index))
+        .collect();
+    let json = json!({
+        "group_id": members.group_id,
+        "seen_by": members.seen_by,
+        "leader": members.leader,
+        "term": members.term,
+        "voters": members.voters,
+        "voter_sets": members.voter_sets,
+        "learners": members.learners,
+        "joint": members.voter_sets.len() > 1,
+        "membership_log_index": members.membership_log_index,
+        "membership_committed": members.membership_committed,
+        "last_log_index": members.last_log_index,
+        "matched_index": progress
+            .iter()
+            .map(|(node, matched)| (node.to_string(), json!(matched)))
+            .collect::<serde_json::Map<String, Value>>(),
+    });
+    let mut table = format!(
+        "group {}: leader {}, term {}, voters {:?}{}, learners {:?} (seen by node {})\n",
+        members.group_id,
+        members
+            .leader
+            .map_or_else(|| "none".to_owned(), |l| l.to_string()),
+        members.term,
+        members.voters,
+        if members.voter_sets.len() > 1 {
+            format!(" (joint change: {:?})", members.voter_sets)
+        } else {
+            String::new()
+        },
+        members.learners,
+        members.seen_by,
+    );
+    let rows: Vec<Vec<String>> = members
+        .voters
+        .iter()
+        .map(|node| (node, "voter"))
+        .chain(members.learners.iter().map(|node| (node, "learner")))
+        .map(|(node, role)| {
+            // Progress is the leader's to know: another replica's view shows none.
+            let matched = if Some(*node) == members.leader && members.seen_by == *node {
+                Some(members.last_log_index)
+            } else {
+                progress.get(node).copied()
+            };
+            vec![
+                node.to_string(),
+                role.to_owned(),
+                if Some(*node) == members.leader {
+                    "yes".to_owned()
+                } else {
+                    "-".to_owned()
+                },
+                matched.map_or_else(|| "?".to_owned(), |m| m.to_string()),
+                matched.map_or_else(
+                    || "?".to_owned(),
+                    |m| members.last_log_index.saturating_sub(m).to_string(),
+                ),
+            ]
+        })
+        .collect();
+    table.push_str(&render_table(
+        &["NODE", "ROLE", "LEADER", "MATCHED", "LAG"],
+        &rows,
+    ));
+    Report { json, table }
 }
 
 // ----- leases -----

@@ -25,10 +25,10 @@ use tenure_core::{
 };
 use tenure_golden::Golden;
 use tenure_proto::client::{
-    CLIENT_ALPN, CLIENT_PROTOCOL_VERSION, FollowerProgress, GetResult, GroupLeader, GroupStatus,
-    LeaseResult, NodeAddress, NodeStatus, Principal, Request, RequestBody, RequestFlags,
-    RequestFrame, Response, ResponseBody, ResponseFrame, RoutingTable, WireError,
-    check_client_alpn, decode_request_frame, decode_response_frame, encode_client_frame,
+    CLIENT_ALPN, CLIENT_PROTOCOL_VERSION, FollowerProgress, GetResult, GroupLeader, GroupMembers,
+    GroupStatus, LeaseResult, NodeAddress, NodeStatus, Principal, ReplicaChange, Request,
+    RequestBody, RequestFlags, RequestFrame, Response, ResponseBody, ResponseFrame, RoutingTable,
+    WireError, check_client_alpn, decode_request_frame, decode_response_frame, encode_client_frame,
 };
 use tenure_proto::peer::FRAME_LENGTH_BYTES;
 use tenure_proto::{
@@ -274,6 +274,35 @@ fn requests() -> Vec<(&'static str, Request)> {
             ),
         ),
         ("status", request(9, RequestBody::Status)),
+        (
+            "group_members",
+            request(13, RequestBody::GroupMembers { group_id: 7 }),
+        ),
+        (
+            "move_replica",
+            request(
+                14,
+                RequestBody::MoveReplica {
+                    group_id: 7,
+                    from: 2,
+                    to: 4,
+                },
+            ),
+        ),
+        (
+            "create_replica",
+            request(15, RequestBody::CreateReplica { group_id: 7 }),
+        ),
+        (
+            "drop_replica",
+            request(
+                16,
+                RequestBody::DropReplica {
+                    group_id: 7,
+                    membership_log_index: 120,
+                },
+            ),
+        ),
         ("acquire_forwarded_claimed", forwarded),
         ("get_forward_stale", stale_get),
     ]
@@ -451,6 +480,39 @@ fn responses() -> Vec<(&'static str, Response)> {
                             matched_index: 97,
                         }],
                     }],
+                }),
+            ),
+        ),
+        (
+            "members_joint",
+            ok(
+                13,
+                ResponseBody::Members(GroupMembers {
+                    group_id: 7,
+                    seen_by: 1,
+                    leader: Some(1),
+                    term: 6,
+                    voters: vec![1, 2, 3, 4],
+                    voter_sets: vec![vec![1, 2, 3], vec![1, 3, 4]],
+                    learners: vec![5],
+                    membership_log_index: 120,
+                    membership_committed: false,
+                    last_log_index: 121,
+                    followers: vec![FollowerProgress {
+                        node_id: 4,
+                        matched_index: 121,
+                    }],
+                }),
+            ),
+        ),
+        (
+            "replica_change",
+            ok(
+                15,
+                ResponseBody::Replica(ReplicaChange {
+                    group_id: 7,
+                    node_id: 4,
+                    changed: true,
                 }),
             ),
         ),

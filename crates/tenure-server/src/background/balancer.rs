@@ -59,6 +59,10 @@ pub(crate) async fn run_balancer(shared: Arc<NodeShared>) {
             if preferred == node_id || connected_rounds.get(&preferred).copied().unwrap_or(0) < 2 {
                 continue;
             }
+            // A replica moved away from its configured node leaves no preference behind.
+            if !handle.members().voters.contains(&preferred) {
+                continue;
+            }
             let Some((last, progress)) = handle.follower_progress() else {
                 continue;
             };

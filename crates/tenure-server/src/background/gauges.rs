@@ -29,11 +29,17 @@ pub(crate) async fn run_gauges(shared: Arc<NodeShared>) {
         let mut lag = 0u64;
         let mut hosted = 0u64;
         let mut overdue_ms = 0u64;
+        let mut under_replicated = 0u64;
+        let voters_wanted = shared.voters_wanted();
         for handle in shared.hosted() {
             hosted += 1;
             lag += handle.apply_lag_entries();
             if handle.is_ready_leader() {
                 led += 1;
+                let members = handle.members();
+                if members.voter_sets.len() > 1 || members.voters.len() < voters_wanted {
+                    under_replicated += 1;
+                }
                 active += handle.active_leases();
                 overdue_ms = overdue_ms.max(handle.expiry_overdue_ms().unwrap_or(0));
             }
@@ -52,6 +58,8 @@ pub(crate) async fn run_gauges(shared: Arc<NodeShared>) {
             ::metrics::gauge!(m::DATA_DIR_TOTAL_BYTES).set(stats.f_blocks as f64 * block);
         }
         ::metrics::gauge!(m::GROUPS_LED).set(led as f64);
+        ::metrics::gauge!(m::GROUPS_UNDER_REPLICATED).set(under_replicated as f64);
+        ::metrics::gauge!(m::REPLICA_MOVES_INFLIGHT).set(shared.moves.inflight() as f64);
         ::metrics::gauge!(m::GROUPS_HOSTED).set(hosted as f64);
         ::metrics::gauge!(m::ACTIVE_LEASES).set(active as f64);
         ::metrics::gauge!(m::APPLY_LAG_ENTRIES).set(lag as f64);

@@ -24,8 +24,8 @@ pub(crate) async fn hand_off_leadership(shared: &Arc<NodeShared>) {
     loop {
         let led: Vec<Arc<GroupHandle>> = shared
             .hosted()
+            .into_iter()
             .filter(|handle| handle.leader_view().leader == Some(shared.config.node_id))
-            .cloned()
             .collect();
         if led.is_empty() {
             info!(node = shared.config.node_id, "handed off every group");
@@ -73,12 +73,18 @@ pub(crate) async fn hand_off_leadership(shared: &Arc<NodeShared>) {
     }
 }
 
-/// A replica to hand `handle`'s leadership to: connected, most caught up.
+/// A replica to hand `handle`'s leadership to: a voter (never a learner), connected, most caught
+/// up.
 fn handoff_target(shared: &NodeShared, handle: &GroupHandle) -> Option<u64> {
     let (_, progress) = handle.follower_progress()?;
+    let voters = handle.members().voters;
     progress
         .into_iter()
-        .filter(|(node, _)| *node != shared.config.node_id && shared.transport.is_connected(*node))
+        .filter(|(node, _)| {
+            *node != shared.config.node_id
+                && voters.contains(node)
+                && shared.transport.is_connected(*node)
+        })
         .max_by_key(|(_, matched)| *matched)
         .map(|(node, _)| node)
 }

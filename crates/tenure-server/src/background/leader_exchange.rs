@@ -6,24 +6,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_proto::client::{Principal, RequestBody, RequestFlags, ResponseBody};
+use tenure_proto::client::{RequestBody, RequestFlags, ResponseBody};
 
 use crate::group::LeaderView;
 use crate::shared::NodeShared;
 
-/// Learns the leaders of groups this node does not host by asking the other nodes (only when
-/// the replication factor is below the node count).
+/// Learns the leaders of groups this node does not host by asking the other nodes (in the
+/// rounds when it does not host every group: replicas move at run time).
 pub(crate) async fn run_leader_exchange(shared: Arc<NodeShared>) {
-    if shared.groups.iter().all(Option::is_some) {
-        return;
-    }
-    let principal = Principal {
-        principal_id: format!("node-{}", shared.config.node_id),
-        tenant_id: String::new(),
-    };
+    let principal = crate::membership::node_principal(shared.config.node_id);
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     loop {
         ticker.tick().await;
+        if shared.hosts_every_group() {
+            continue;
+        }
         for &peer in &shared.node_ids {
             if peer == shared.config.node_id {
                 continue;

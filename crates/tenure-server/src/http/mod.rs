@@ -315,6 +315,7 @@ impl AppState {
                 principal_claimed: caller.claimed,
             },
             timeout: caller.timeout,
+            peer_node: None,
         };
         let op = body.op_name();
         let wait = caller.timeout.saturating_add(TIMEOUT_GRACE);

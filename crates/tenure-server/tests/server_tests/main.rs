@@ -13,6 +13,7 @@ mod http_api;
 mod http_slowloris;
 mod insecure_switches;
 mod loadgen;
+mod membership;
 mod ops_kit;
 mod replay_expiry;
 mod tenure_v1_compat;

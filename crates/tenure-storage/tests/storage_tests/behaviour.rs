@@ -497,3 +497,54 @@ async fn a_torn_wal_tail_from_a_crash_still_opens_with_every_synced_write() {
     assert_eq!(store.try_get_log_entries(1..=21).await.unwrap().len(), 20);
     assert_eq!(store.read_vote().await.unwrap(), Some(vote));
 }
+
+/// The replica record survives reopening; dropping a replica deletes its log, marks, state and
+/// snapshot files but keeps its vote, and leaves every other group alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_replica_loses_its_data_but_keeps_its_vote_and_the_record_survives() {
+    let dir = TempDir::new().unwrap();
+    let vote =
+        openraft::impls::Vote::<openraft::impls::leader_id_adv::LeaderId<u64, u64>>::new(4, 1);
+    {
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        assert_eq!(node.recorded_replicas().unwrap(), None);
+        node.record_replicas(&[2, 3].into_iter().collect()).unwrap();
+        for group in [2, 3] {
+            let mut store = node.log_store(group);
+            store.save_vote(&vote).await.unwrap();
+            append_durably(&mut store, expire_entries(1..6)).await;
+            store
+                .save_committed(Some(log_id::<TenureRaft>(1, 0, 5)))
+                .await
+                .unwrap();
+            let mut machine = node.state_machine(group, StateOptions::default()).unwrap();
+            apply_all(&mut machine, vec![entry(1, 10, acquire("r", "q"))]).await;
+            machine
+                .get_snapshot_builder()
+                .await
+                .build_snapshot()
+                .await
+                .unwrap();
+        }
+        let snapshots = dir.path().join("snapshots").join("group-00002");
+        assert!(snapshots.read_dir().unwrap().next().is_some());
+        node.delete_replica(2, &[3].into_iter().collect()).unwrap();
+        assert!(!snapshots.exists());
+        assert!(node.delete_replica(3, &[3].into_iter().collect()).is_err());
+    }
+    let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+    assert_eq!(
+        node.recorded_replicas().unwrap(),
+        Some([3].into_iter().collect())
+    );
+    let mut dropped = node.log_store(2);
+    assert_eq!(dropped.read_vote().await.unwrap(), Some(vote));
+    assert_eq!(dropped.read_committed().await.unwrap(), None);
+    assert!(dropped.try_get_log_entries(..).await.unwrap().is_empty());
+    let mut machine = node.state_machine(2, StateOptions::default()).unwrap();
+    assert_eq!(machine.applied_state().await.unwrap().0, None);
+    let mut kept = node.log_store(3);
+    assert_eq!(kept.try_get_log_entries(..).await.unwrap().len(), 5);
+    let mut machine = node.state_machine(3, StateOptions::default()).unwrap();
+    assert!(machine.applied_state().await.unwrap().0.is_some());
+}

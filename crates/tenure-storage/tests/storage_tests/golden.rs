@@ -253,6 +253,13 @@ fn log_entries_and_raft_metadata_bytes_are_pinned() {
         "meta_log_id_none",
         &None::<openraft::alias::LogIdOf<TenureRaft>>,
     );
+    // The node's replica record (meta column family, node-wide key prefix).
+    golden.stored(
+        "meta_node_replicas",
+        &tenure_storage::ReplicaRecord {
+            groups: vec![0, 3, 4095],
+        },
+    );
     // Snapshot metadata, as the snapshot pointer and the snapshot offer carry it.
     golden.payload("snapshot_meta", &snapshot_meta());
     // A log entry written by value format 1 (before Transfer) is still read, to the same entry.

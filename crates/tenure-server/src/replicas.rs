@@ -1,0 +1,210 @@
+//! This node's group replicas: opening them at start, creating and dropping them at run time.
+//!
+//! Which replicas a node hosts is recorded in its storage (`NodeStorage::recorded_replicas`),
+//! never derived from the configuration after the first start: the first start of a data
+//! directory opens the configured layout (`placement::replicas_of`) and records it once its
+//! bootstrap is settled, and membership changes ([`crate::membership`]) add and drop replicas
+//! from then on. A group is founded (openraft `initialize`) only by its preferred node, only on
+//! that node's first start, and only after every other node answered that it holds no
+//! initialized replica of the group ([`crate::membership`]'s bootstrap): a node whose data was
+//! lost, starting empty, joins the existing group instead of founding a second copy.
+//!
+//! Dropping a replica (`crate::membership`) stops it and removes it from the record; its data stays on disk (a later
+//! `CreateReplica` of the same group reopens it, a lagging replica Raft brings up to date), so a
+//! drop can only cost availability, never a vote or an acknowledged entry.
+//!
+//! Also the table of replica moves this node runs ([`Moves`]; the moves themselves are
+//! [`crate::membership`]'s).
+//!
+//! Must not depend on: the request path, the shared node state or the background tasks (the
+//! run-time creating and dropping, which needs them, is [`crate::membership`]'s).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use openraft::impls::BasicNode;
+use tenure_core::StateOptions;
+use tenure_proto::client::{GroupMembers, WireError};
+use tenure_storage::NodeStorage;
+use tenure_transport::{GroupNetworkFactory, GroupRaft, GroupTable, Transport};
+use tokio::sync::watch;
+
+use crate::clock::MonotonicClock;
+use crate::config::ServerConfig;
+use crate::error::ServerError;
+use crate::group::{GroupHandle, GroupSettings};
+use crate::placement::replicas_of;
+
+/// What every replica of this node is created with.
+#[derive(Clone)]
+pub(crate) struct ReplicaSettings {
+    pub(crate) state_options: StateOptions,
+    pub(crate) raft_config: Arc<openraft::Config>,
+    pub(crate) clock: Arc<dyn MonotonicClock>,
+    pub(crate) settings: GroupSettings,
+}
+
+/// Opens replicas: their stores, their Raft, their registration with the transport.
+pub(crate) struct ReplicaFactory {
+    node_id: u64,
+    pub(crate) storage: NodeStorage,
+    transport: Transport,
+    pub(crate) table: Arc<GroupTable>,
+    settings: ReplicaSettings,
+    /// One create or drop at a time (each rewrites the replica record).
+    pub(crate) serial: tokio::sync::Mutex<()>,
+}
+
+/// A group this node bootstraps on a fresh cluster: its Raft, members and id.
+pub(crate) type FreshGroup = (GroupRaft, BTreeMap<u64, BasicNode>, u32);
+
+impl ReplicaFactory {
+    pub(crate) fn new(
+        node_id: u64,
+        storage: NodeStorage,
+        transport: Transport,
+        table: Arc<GroupTable>,
+        settings: ReplicaSettings,
+    ) -> Self {
+        ReplicaFactory {
+            node_id,
+            storage,
+            transport,
+            table,
+            settings,
+            serial: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Opens this node's replica of `group` (empty when it has no data) and registers it with
+    /// the transport.
+    pub(crate) async fn open(
+        &self,
+        group: u32,
+    ) -> Result<(GroupRaft, Arc<GroupHandle>), ServerError> {
+        let ReplicaSettings {
+            state_options,
+            raft_config,
+            clock,
+            settings,
+        } = &self.settings;
+        let state_machine = self.storage.state_machine(group, *state_options)?;
+        let raft = GroupRaft::new(
+            self.node_id,
+            raft_config.clone(),
+            GroupNetworkFactory::new(self.transport.clone(), group),
+            self.storage.log_store(group),
+            state_machine.clone(),
+        )
+        .await
+        .map_err(|e| ServerError::Raft(format!("creating group {group}: {e}")))?;
+        self.table.insert(group, raft.clone());
+        let handle = GroupHandle::start(
+            group,
+            self.node_id,
+            raft.clone(),
+            state_machine,
+            clock.clone(),
+            settings.clone(),
+        );
+        Ok((raft, handle))
+    }
+
+    /// Opens the replicas this node hosts at start: the recorded ones, or, when nothing is
+    /// recorded (a data directory's first start, or one whose data was lost), the configured
+    /// layout. Returns the replicas by group id, the groups this node is the preferred node of
+    /// and may have to found (first start only), and the set to record once that is settled
+    /// (`None` when the record exists).
+    pub(crate) async fn open_at_start(
+        &self,
+        config: &ServerConfig,
+    ) -> Result<AtStart, ServerError> {
+        let node_ids: Vec<u64> = config.peers.keys().copied().collect();
+        let recorded = self.storage.recorded_replicas()?;
+        let first_start = recorded.is_none();
+        let hosted: BTreeSet<u32> = match recorded {
+            Some(groups) => groups,
+            None => (0..config.groups)
+                .filter(|&group| {
+                    replicas_of(group, &node_ids, config.replication_factor).contains(&self.node_id)
+                })
+                .collect(),
+        };
+        if let Some(beyond) = hosted.iter().find(|&&group| group >= config.groups) {
+            return Err(ServerError::Config(format!(
+                "this node's data holds a replica of group {beyond}, but the configuration has \
+                 only {} groups",
+                config.groups
+            )));
+        }
+        let mut groups: Vec<Option<Arc<GroupHandle>>> = vec![None; config.groups as usize];
+        let mut fresh = Vec::new();
+        for &group in &hosted {
+            let (raft, handle) = self.open(group).await?;
+            let replicas = replicas_of(group, &node_ids, config.replication_factor);
+            if first_start
+                && replicas.first() == Some(&self.node_id)
+                && !raft
+                    .is_initialized()
+                    .await
+                    .map_err(|e| ServerError::Raft(e.to_string()))?
+            {
+                let members: BTreeMap<u64, BasicNode> = replicas
+                    .iter()
+                    .filter_map(|id| {
+                        config
+                            .peers
+                            .get(id)
+                            .map(|peer| (*id, BasicNode::new(peer.addr.to_string())))
+                    })
+                    .collect();
+                fresh.push((raft, members, group));
+            }
+            if let Some(slot) = groups.get_mut(group as usize) {
+                *slot = Some(handle);
+            }
+        }
+        Ok(AtStart {
+            groups,
+            fresh,
+            to_record: first_start.then_some(hosted),
+        })
+    }
+}
+
+/// What a node opens at start (see [`ReplicaFactory::open_at_start`]).
+pub(crate) struct AtStart {
+    pub(crate) groups: Vec<Option<Arc<GroupHandle>>>,
+    pub(crate) fresh: Vec<FreshGroup>,
+    pub(crate) to_record: Option<BTreeSet<u32>>,
+}
+
+pub(crate) type MoveResult = Option<Result<GroupMembers, WireError>>;
+
+/// A move in progress on this node.
+pub(crate) struct RunningMove {
+    pub(crate) from: u64,
+    pub(crate) to: u64,
+    pub(crate) done: watch::Receiver<MoveResult>,
+}
+
+/// The moves this node runs as a leader.
+pub(crate) struct Moves {
+    pub(crate) running: Mutex<BTreeMap<u32, RunningMove>>,
+    pub(crate) inflight: AtomicUsize,
+}
+
+impl Moves {
+    pub(crate) fn new() -> Self {
+        Moves {
+            running: Mutex::new(BTreeMap::new()),
+            inflight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Moves running now.
+    pub(crate) fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::Relaxed)
+    }
+}
