@@ -113,6 +113,9 @@ pub struct GroupHandle {
     view: Mutex<LeaderView>,
     /// Set once the replica is stopped (dropped from this node): ends its proposer.
     stopped: watch::Sender<bool>,
+    /// The last term in which this replica became a ready leader (wakes requests that wait for
+    /// a leader-elect to become ready).
+    ready_term: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for GroupHandle {
@@ -167,6 +170,7 @@ impl GroupHandle {
             last_expire_clock_ms: AtomicU64::new(0),
             view: Mutex::new(LeaderView::default()),
             stopped,
+            ready_term: watch::channel(0).0,
         });
         tokio::spawn(run_proposer(handle.clone(), receiver, stop_signal));
         tokio::spawn(watch_leadership(handle.clone()));
@@ -199,6 +203,20 @@ impl GroupHandle {
             .lock()
             .map(|clock| clock.ready && clock.term > 0)
             .unwrap_or(false)
+    }
+
+    /// When this replica was just elected and is still learning the log's time (it answers
+    /// `NOT_LEADER` naming itself meanwhile): waits until it is ready, at most `wait`. True when
+    /// it is a ready leader at the end; returns at once when it is not leading.
+    pub async fn await_ready_leader(&self, wait: Duration) -> bool {
+        let term = match self.leader_clock.lock() {
+            Ok(clock) if clock.ready && clock.term > 0 => return true,
+            Ok(clock) if clock.term > 0 => clock.term,
+            _ => return false,
+        };
+        let mut ready = self.ready_term.subscribe();
+        let _ = tokio::time::timeout(wait, ready.wait_for(|&ready| ready >= term)).await;
+        self.is_ready_leader()
     }
 
     /// The current log time, when this replica is a ready leader.
@@ -578,6 +596,7 @@ impl GroupHandle {
                 clock.base_log_ms = base_log_ms;
                 clock.ready = true;
                 debug!(group = self.group_id, term, base_log_ms, "leader ready");
+                self.ready_term.send_replace(term);
             }
         }
     }

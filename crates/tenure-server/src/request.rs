@@ -106,6 +106,15 @@ fn clock_remaining_ttl(view: &mut LeaseView, clock_ms: u64) {
         .min(view.expires_at_ms.saturating_sub(clock_ms));
 }
 
+/// How long a request waits for this node's just-elected leader of its group to become ready
+/// (it learns the log's time first: a commit round), rather than answering `NOT_LEADER` that
+/// names this node.
+const LEADER_READY_WAIT: Duration = Duration::from_secs(2);
+
+fn ready_wait(ctx: &RequestContext) -> Duration {
+    LEADER_READY_WAIT.min(ctx.timeout)
+}
+
 fn error_code_label(error: &WireError) -> &'static str {
     error.code.as_str()
 }
@@ -246,7 +255,7 @@ impl NodeShared {
                 let _admitted = self.admission.admit(&key.tenant_id, RequestClass::Other)?;
                 let group = self.placement.group_of(&key.tenant_id, &key.resource_id).0;
                 if let Some(handle) = self.group(group) {
-                    if handle.is_ready_leader() {
+                    if handle.await_ready_leader(ready_wait(&ctx)).await {
                         let now = handle.linearizable_read_time(ctx.timeout).await?;
                         let mut view = handle.get_at(&key, now)?;
                         if let (Some(view), Some(clock_ms)) = (view.as_mut(), handle.log_now_ms()) {
@@ -284,7 +293,7 @@ impl NodeShared {
                     .admission
                     .admit(&request.tenant_id, RequestClass::Other)?;
                 if let Some(handle) = self.group(group_id) {
-                    if handle.is_ready_leader() {
+                    if handle.await_ready_leader(ready_wait(&ctx)).await {
                         let now = handle.linearizable_read_time(ctx.timeout).await?;
                         let mut page = handle.list_at(&request, now)?;
                         if let Some(clock_ms) = handle.log_now_ms() {
@@ -361,7 +370,7 @@ impl NodeShared {
         let _admitted = self.admission.admit(&tenant, class)?;
         let mut ops = ops;
         if let Some(handle) = self.group(group) {
-            if handle.is_ready_leader() {
+            if handle.await_ready_leader(ready_wait(&ctx)).await {
                 self.weigh_renewal_pressure(&handle, &tenant, &ops, class)?;
                 // The proposal consumes the operations; keep a copy only when a lost leadership
                 // may still be answered by forwarding them.
