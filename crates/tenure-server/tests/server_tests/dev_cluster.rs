@@ -49,7 +49,22 @@ fn node_field<'a>(reply: &'a Value, id: u64, field: &str) -> &'a Value {
         .unwrap()
 }
 
-fn start_dev(dir: &Path, log: &Path, extra: &[&str]) -> Child {
+/// A `tenure dev` child that is stopped (SIGTERM) if the test ends early, so a failed assertion
+/// never leaves a cluster running (each run is also bounded by `--duration-s`).
+struct DevProcess(Child);
+
+impl Drop for DevProcess {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let _ = wait_child_exit(&mut self.0, Duration::from_secs(30));
+        }
+    }
+}
+
+fn start_dev(dir: &Path, log: &Path, extra: &[&str]) -> DevProcess {
     let log_file = std::fs::File::create(log).unwrap();
     let mut args = vec![
         "dev",
@@ -65,18 +80,23 @@ fn start_dev(dir: &Path, log: &Path, extra: &[&str]) -> Child {
         "false",
         "--ready-timeout-s",
         "90",
+        "--duration-s",
+        "300",
     ];
     args.extend(extra);
-    Command::new(env!("CARGO_BIN_EXE_tenure"))
-        .args(&args)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::from(log_file.try_clone().unwrap()))
-        .stderr(Stdio::from(log_file))
-        .spawn()
-        .unwrap()
+    DevProcess(
+        Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::from(log_file.try_clone().unwrap()))
+            .stderr(Stdio::from(log_file))
+            .spawn()
+            .unwrap(),
+    )
 }
 
-async fn wait_cluster_file(dir: &Path, child: &mut Child, log: &Path) {
+async fn wait_cluster_file(dir: &Path, dev: &mut DevProcess, log: &Path) {
+    let child = &mut dev.0;
     let file = dir.join("cluster.json");
     let found = wait_for(Duration::from_secs(120), "cluster.json", || {
         let exists = file.exists();
@@ -174,7 +194,7 @@ async fn kill_report_restart() {
     );
     assert!(said.contains("tenure dev restart 2"), "{said}");
     assert!(
-        dev.try_wait().unwrap().is_none(),
+        dev.0.try_wait().unwrap().is_none(),
         "tenure dev stopped: {said}"
     );
 
@@ -211,8 +231,8 @@ async fn kill_report_restart() {
     assert_eq!(refused.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("no node 9"));
 
-    send_signal(dev.id(), "TERM");
-    let exit = wait_child_exit(&mut dev, Duration::from_secs(60)).expect("tenure dev stops");
+    send_signal(dev.0.id(), "TERM");
+    let exit = wait_child_exit(&mut dev.0, Duration::from_secs(60)).expect("tenure dev stops");
     assert!(exit.success(), "{}", tail(&log, 20));
     assert!(!dir.join("cluster.json").exists());
     assert!(!dir.join("control.sock").exists());
@@ -222,11 +242,7 @@ async fn kill_report_restart() {
 
     // Again on the same data, with automatic restarts: a killed node comes back by itself.
     let log2 = temp.path().join("dev2.log");
-    let mut dev = start_dev(
-        &dir,
-        &log2,
-        &["--restart-after-s", "1", "--duration-s", "120"],
-    );
+    let mut dev = start_dev(&dir, &log2, &["--restart-after-s", "1"]);
     wait_cluster_file(&dir, &mut dev, &log2).await;
     dev_action(&dir_str, "kill", Some(3));
     // `kill` through the supervisor is a requested stop: it stays down.
@@ -256,7 +272,7 @@ async fn kill_report_restart() {
         "{}",
         tail(&log2, 20)
     );
-    send_signal(dev.id(), "TERM");
-    let exit = wait_child_exit(&mut dev, Duration::from_secs(60)).expect("tenure dev stops");
+    send_signal(dev.0.id(), "TERM");
+    let exit = wait_child_exit(&mut dev.0, Duration::from_secs(60)).expect("tenure dev stops");
     assert!(exit.success(), "{}", tail(&log2, 20));
 }
