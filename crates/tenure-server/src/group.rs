@@ -771,7 +771,9 @@ async fn run_proposer(
 /// The wire error for a write Raft refused or could not finish. An entry discarded at a leader
 /// change may still commit through another leader: the caller's retry with the same request id
 /// finds its outcome.
-fn write_error(group_id: u32, error: ClientWriteError<TenureRaft>) -> WireError {
+/// A failed Raft write as the wire error a client retries on (`NOT_LEADER` with the leader
+/// when it moved) or sees (`UNAVAILABLE`).
+pub(crate) fn write_error(group_id: u32, error: ClientWriteError<TenureRaft>) -> WireError {
     match error {
         ClientWriteError::ForwardToLeader(forward)
         | ClientWriteError::LogEntryDiscarded(forward) => not_leader(group_id, forward.leader_id),

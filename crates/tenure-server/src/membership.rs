@@ -80,23 +80,12 @@ fn raft_error(
         openraft::error::ClientWriteError<tenure_storage::TenureRaft>,
     >,
 ) -> WireError {
-    match error.forward_to_leader() {
-        Some(forward) => {
-            let mut wire = WireError::new(
-                ErrorCode::NotLeader,
-                format!("group {group}: leadership changed during the move ({step})"),
-            );
-            wire.leader_hint = forward
-                .leader_id
-                .map(|node_id| tenure_proto::client::NodeAddress {
-                    node_id,
-                    client_addr: String::new(),
-                    http_url: String::new(),
-                });
-            wire
-        }
-        None => unavailable(format!("group {group}: {step} failed: {error}")),
-    }
+    let mut wire = match error {
+        openraft::error::RaftError::APIError(error) => crate::group::write_error(group, error),
+        openraft::error::RaftError::Fatal(fatal) => unavailable(fatal.to_string()),
+    };
+    wire.message = format!("group {group}: {step}: {}", wire.message);
+    wire
 }
 
 impl NodeShared {
@@ -136,16 +125,6 @@ impl NodeShared {
             Some(handle) => Ok(ResponseBody::Members(handle.members())),
             None => Err(self.not_leader(group)),
         }
-    }
-
-    pub(crate) fn check_group_id(&self, group: u32) -> Result<(), WireError> {
-        if group >= self.config.groups {
-            return Err(invalid(format!(
-                "group {group} does not exist (the cluster has {})",
-                self.config.groups
-            )));
-        }
-        Ok(())
     }
 
     /// `MoveReplica`: as the group's ready leader, starts the move (or joins the same move
@@ -549,12 +528,7 @@ impl NodeShared {
     /// Creates this node's replica of `group` (empty, or reopened from the data a dropped one
     /// left) and records it. `Ok(false)` when it already hosts one.
     pub(crate) async fn add_replica(&self, group: u32) -> Result<bool, WireError> {
-        if group >= self.config.groups {
-            return Err(invalid(format!(
-                "group {group} does not exist (the cluster has {})",
-                self.config.groups
-            )));
-        }
+        self.check_group_id(group)?;
         let factory = &self.replicas;
         let _serial = factory.serial.lock().await;
         if self.group(group).is_some() {

@@ -283,12 +283,7 @@ impl NodeShared {
             }
             RequestBody::List { group_id, request } => {
                 check_tenant(&ctx.principal, &request.tenant_id)?;
-                if group_id >= self.config.groups {
-                    return Err(invalid(format!(
-                        "group {group_id} does not exist (the cluster has {})",
-                        self.config.groups
-                    )));
-                }
+                self.check_group_id(group_id)?;
                 let _admitted = self
                     .admission
                     .admit(&request.tenant_id, RequestClass::Other)?;

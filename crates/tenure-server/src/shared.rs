@@ -102,6 +102,20 @@ impl NodeShared {
             .clamp(1, self.node_ids.len().max(1))
     }
 
+    /// `INVALID_ARGUMENT` unless `group` is one of the cluster's groups.
+    pub(crate) fn check_group_id(&self, group: u32) -> Result<(), tenure_proto::client::WireError> {
+        if group >= self.config.groups {
+            return Err(tenure_proto::client::WireError::new(
+                tenure_core::ErrorCode::InvalidArgument,
+                format!(
+                    "group {group} does not exist (the cluster has {})",
+                    self.config.groups
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Every node but this one.
     pub(crate) fn other_nodes(&self) -> Vec<u64> {
         self.node_ids

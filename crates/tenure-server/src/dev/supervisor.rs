@@ -15,7 +15,7 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::net::UnixListener;
@@ -295,7 +295,8 @@ impl Supervisor {
                 }
             };
             process.child = None;
-            let exit = describe_exit(status);
+            // In words: `exit status: 1`, `signal: 9 (SIGKILL)`.
+            let exit = status.to_string();
             match process.state {
                 NodeState::Stopping { then_start } => {
                     eprintln!("tenure dev: node {} stopped ({exit})", process.node.id);
@@ -607,11 +608,6 @@ fn join_ids(ids: &[u64]) -> String {
         .map(u64::to_string)
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// How a process ended, in words (`exit status: 1`, `signal: 9 (SIGKILL)`).
-fn describe_exit(status: ExitStatus) -> String {
-    status.to_string()
 }
 
 fn spawn_node(executable: &Path, node: &DevNode, worker_threads: u16) -> Result<Child, DevError> {
