@@ -21,8 +21,9 @@ pub struct TransportConfig {
     pub cluster_name: String,
     /// UDP address the QUIC endpoint binds.
     pub listen_addr: SocketAddr,
-    /// Every other member of the cluster and its address. Connections from nodes not listed are
-    /// refused; messages for nodes not listed fail as unreachable.
+    /// Every other member of the cluster and its address, at start (`Transport::add_peer` and
+    /// `Transport::remove_peer` change the members later; `Transport::peers` lists them now).
+    /// Connections from nodes not members are refused; messages for them fail as unknown peers.
     pub peers: BTreeMap<u64, SocketAddr>,
     /// Long-lived unidirectional streams per peer and direction (at least 2). Lane 0 carries
     /// heartbeats, votes and leader transfers; a group's replication stream always uses lane

@@ -8,7 +8,8 @@ use crate::tls::TlsError;
 /// Why a transport operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
-    /// The peer is not a configured member of the cluster.
+    /// The peer is not a member of this node's transport (never configured or added, or
+    /// removed).
     #[error("node {0} is not a member of this cluster's transport")]
     UnknownPeer(u64),
     /// No connection to the peer within the deadline (retry later, with backoff).

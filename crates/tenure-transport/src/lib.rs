@@ -11,6 +11,9 @@
 //!
 //! - [`Transport`]: endpoint, peer links, handshake (version, cluster, node identity proven by
 //!   the certificate), reconnect with capped exponential backoff and jitter, bounded queues.
+//!   Peers are added and removed at runtime ([`Transport::add_peer`],
+//!   [`Transport::remove_peer`]); a [`PeerAdmission`] policy refuses certificates by their
+//!   SHA-256 (revoked ones) on both sides of a connection.
 //! - [`GroupNetworkFactory`]: openraft's network traits (pipelined `stream_append`, votes and
 //!   pre-votes, leader transfer, snapshots on their own streams) for one group.
 //! - [`GroupRegistry`] / [`GroupTable`]: how incoming messages find their group.
@@ -47,8 +50,12 @@ pub use config::{ClientQuicLimits, FRAME_BYTES_MAX_DEFAULT, GroupTiming, Transpo
 pub use error::TransportError;
 pub use fault::{FaultInjector, LinkFaults, Verdict};
 pub use heartbeat::spawn_heartbeat_driver;
-pub use link::{CLOSE_DUPLICATE, CLOSE_PROTOCOL_ERROR, CLOSE_REFUSED, CLOSE_SHUTDOWN};
+pub use link::{
+    CLOSE_DROPPED, CLOSE_DUPLICATE, CLOSE_PROTOCOL_ERROR, CLOSE_REFUSED, CLOSE_REMOVED,
+    CLOSE_SHUTDOWN,
+};
 pub use network::{GroupNetworkFactory, PeerRaftClient};
 pub use registry::{ClientAcceptor, GroupRaft, GroupRegistry, GroupTable};
 pub use stats::{TransportStats, TransportStatsSnapshot};
+pub use tls::{PeerAdmission, certificate_sha256, peer_certificate_sha256};
 pub use transport::{Transport, bind_endpoint, grant_peer_limits};

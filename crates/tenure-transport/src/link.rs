@@ -4,14 +4,20 @@
 //! frames with a bound. Used by the connection tasks (`transport`), the inbound readers
 //! (`inbound`) and the replication streams (`network`).
 //!
+//! The set of links changes at runtime (`Transport::add_peer` / `remove_peer`): it sits behind a
+//! lock that is never held across an await, and tasks hold the `Arc<PeerLink>` they work on. A
+//! link's address can change (later dials use the new one), and a removed link carries a stop
+//! signal that its connection tasks and any waiting requester observe. The owner's admission
+//! policy ([`PeerAdmission`](crate::tls::PeerAdmission)), when set, judges the certificate of
+//! every peer connection (`Shared::admit`).
+//!
 //! Must not depend on: the connection tasks or the inbound readers (they build on this), the lease
 //! state machine's semantics, RocksDB, configuration files, or the wall clock.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::Mutex as StdMutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -32,6 +38,7 @@ use crate::error::TransportError;
 use crate::fault::{FaultInjector, Verdict};
 use crate::registry::{ClientAcceptor, GroupRegistry};
 use crate::stats::{TransportStats, add};
+use crate::tls::{PeerAdmission, peer_certificate_sha256};
 
 /// Close code: orderly shutdown.
 pub const CLOSE_SHUTDOWN: u32 = 0;
@@ -39,8 +46,17 @@ pub const CLOSE_SHUTDOWN: u32 = 0;
 pub const CLOSE_DUPLICATE: u32 = 1;
 /// Close code: the peer sent bytes that are not the peer protocol.
 pub const CLOSE_PROTOCOL_ERROR: u32 = 2;
-/// Close code: the handshake refused the peer.
+/// Close code: the handshake refused the peer (not a member, wrong certificate, version, or a
+/// certificate the admission policy refuses).
 pub const CLOSE_REFUSED: u32 = 3;
+/// Close code: this node removed the peer from its cluster (`Transport::remove_peer`).
+pub const CLOSE_REMOVED: u32 = 4;
+/// Close code: this node's owner dropped the connection (the peer's address changed, or its
+/// certificate was revoked: `Transport::close_peer_connection`); the link redials.
+pub const CLOSE_DROPPED: u32 = 5;
+
+/// Close reason sent with [`CLOSE_REMOVED`].
+pub(crate) const REMOVED_REASON: &str = "removed from the cluster";
 
 /// Largest handshake or snapshot control frame, in bytes.
 pub(crate) const CONTROL_FRAME_BYTES_MAX: usize = 1024 * 1024;
@@ -82,7 +98,10 @@ pub(crate) struct Offer {
 /// Everything this node keeps about one peer.
 pub(crate) struct PeerLink {
     pub(crate) peer: u64,
-    pub(crate) addr: SocketAddr,
+    /// Where dials go; `Transport::add_peer` may change it.
+    addr: StdMutex<SocketAddr>,
+    /// Set once when the link is removed from the transport; its tasks stop.
+    removed: watch::Sender<bool>,
     pub(crate) lanes: Vec<mpsc::Sender<Outbound>>,
     pub(crate) lane_receivers: Vec<Arc<AsyncMutex<mpsc::Receiver<Outbound>>>>,
     /// Fixed hasher and shard count: when the connection is lost, the waiters are failed in one
@@ -109,7 +128,8 @@ impl PeerLink {
         let (offers, offers_receiver) = mpsc::channel(4);
         Self {
             peer,
-            addr,
+            addr: StdMutex::new(addr),
+            removed: watch::Sender::new(false),
             lanes,
             lane_receivers,
             pending: DashMap::with_hasher_and_shard_amount(FixedHasher::default(), 16),
@@ -118,6 +138,41 @@ impl PeerLink {
             offers,
             offers_receiver: StdMutex::new(Some(offers_receiver)),
             dial_failing: AtomicBool::new(false),
+        }
+    }
+
+    /// The address the next dial goes to.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        *self.addr.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes later dials go to `addr`; whether it differs from the address before.
+    pub(crate) fn set_addr(&self, addr: SocketAddr) -> bool {
+        let mut current = self.addr.lock().unwrap_or_else(PoisonError::into_inner);
+        let changed = *current != addr;
+        *current = addr;
+        changed
+    }
+
+    /// Marks the link removed: its connection tasks stop, waiting requesters fail.
+    pub(crate) fn mark_removed(&self) {
+        self.removed.send_replace(true);
+    }
+
+    pub(crate) fn is_removed(&self) -> bool {
+        *self.removed.borrow()
+    }
+
+    /// A receiver of the removal signal, for [`removed`].
+    pub(crate) fn removal(&self) -> watch::Receiver<bool> {
+        self.removed.subscribe()
+    }
+
+    /// Closes the current connection, if any, with `code` and `reason`; the link's task then
+    /// redials (or stops, when the link was removed).
+    pub(crate) fn close_connection(&self, code: u32, reason: &str) {
+        if let Some(connection) = self.current_connection() {
+            close_connection(&connection, code, reason);
         }
     }
 
@@ -148,6 +203,9 @@ impl PeerLink {
         &self,
         deadline: Instant,
     ) -> Result<quinn::Connection, TransportError> {
+        if self.is_removed() {
+            return Err(TransportError::UnknownPeer(self.peer));
+        }
         if let Some(connection) = self.current_connection() {
             return Ok(connection);
         }
@@ -158,12 +216,23 @@ impl PeerLink {
             });
         }
         let mut watcher = self.connection.subscribe();
-        match tokio::time::timeout_at(deadline, watcher.wait_for(Option::is_some)).await {
-            Ok(Ok(connection)) => connection.clone().ok_or(TransportError::Unreachable {
+        let mut removal = self.removal();
+        let connection = async {
+            tokio::select! {
+                connection = watcher.wait_for(Option::is_some) => {
+                    connection.ok().and_then(|connection| connection.clone())
+                }
+                () = removed(&mut removal) => None,
+            }
+        };
+        match tokio::time::timeout_at(deadline, connection).await {
+            Ok(Some(connection)) => Ok(connection),
+            Ok(None) if self.is_removed() => Err(TransportError::UnknownPeer(self.peer)),
+            Ok(None) => Err(TransportError::Unreachable {
                 peer: self.peer,
                 reason: "not connected".into(),
             }),
-            _ => Err(TransportError::Unreachable {
+            Err(_) => Err(TransportError::Unreachable {
                 peer: self.peer,
                 reason: "no connection within the deadline".into(),
             }),
@@ -174,6 +243,13 @@ impl PeerLink {
         // Dropping the senders wakes every waiting requester with "connection lost".
         self.pending.clear();
     }
+}
+
+/// Resolves once the link of `removal` ([`PeerLink::removal`]) is removed, also when that
+/// happened before the receiver subscribed.
+pub(crate) async fn removed(removal: &mut watch::Receiver<bool>) {
+    // Only fails when the link is gone, and with it everything that could wait here.
+    let _ = removal.wait_for(|removed| *removed).await;
 }
 
 /// What a requester received from `peer`: an answer, a `Failure` (the peer could not serve the
@@ -240,7 +316,12 @@ pub(crate) struct Shared {
     pub(crate) endpoint: quinn::Endpoint,
     pub(crate) client_config: quinn::ClientConfig,
     /// By peer id, ordered: tasks start, and shutdown fails waiters, in one order every run.
-    pub(crate) links: BTreeMap<u64, Arc<PeerLink>>,
+    /// Changed by `Transport::add_peer` / `remove_peer`; never locked across an await.
+    pub(crate) links: RwLock<BTreeMap<u64, Arc<PeerLink>>>,
+    /// The owner's check of peer certificates, if any (`Transport::set_peer_admission`).
+    pub(crate) admission: RwLock<Option<Arc<dyn PeerAdmission>>>,
+    /// The runtime the transport started on: links added later spawn their tasks there.
+    pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) registry: Arc<dyn GroupRegistry>,
     pub(crate) client_acceptor: Option<Arc<dyn ClientAcceptor>>,
     pub(crate) faults: Option<Arc<FaultInjector>>,
@@ -257,13 +338,56 @@ impl Shared {
         self.config.node_id
     }
 
-    pub(crate) fn link(&self, peer: u64) -> Result<&Arc<PeerLink>, TransportError> {
+    pub(crate) fn link(&self, peer: u64) -> Result<Arc<PeerLink>, TransportError> {
         if *self.shutdown.borrow() {
             return Err(TransportError::Shutdown);
         }
-        self.links
+        self.read_links()
             .get(&peer)
+            .cloned()
             .ok_or(TransportError::UnknownPeer(peer))
+    }
+
+    /// The links (a poisoned lock is recovered: the map is valid after any panic in between).
+    pub(crate) fn read_links(
+        &self,
+    ) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, Arc<PeerLink>>> {
+        self.links.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn write_links(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, BTreeMap<u64, Arc<PeerLink>>> {
+        self.links.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every link now, by peer id.
+    pub(crate) fn all_links(&self) -> Vec<Arc<PeerLink>> {
+        self.read_links().values().cloned().collect()
+    }
+
+    /// Whether `peer` is a member (has a link) now.
+    pub(crate) fn is_member(&self, peer: u64) -> bool {
+        self.read_links().contains_key(&peer)
+    }
+
+    /// The admission policy's verdict on the certificate `connection`'s peer presented, as node
+    /// `peer`; `Ok` when no policy is set.
+    pub(crate) fn admit(&self, peer: u64, connection: &quinn::Connection) -> Result<(), String> {
+        let policy = self
+            .admission
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(policy) = policy else {
+            return Ok(());
+        };
+        let Some(cert_sha256) = peer_certificate_sha256(connection.peer_identity()) else {
+            return Err(format!("node {peer} presented no certificate to admit"));
+        };
+        policy
+            .admit(peer, &cert_sha256)
+            .map_err(|reason| format!("the certificate of node {peer} is not admitted: {reason}"))
     }
 
     pub(crate) fn next_stream_id(&self) -> u64 {
@@ -279,7 +403,7 @@ impl Shared {
         payload: Bytes,
         deadline: Instant,
     ) -> Result<PendingReply, TransportError> {
-        let link = self.link(peer)?.clone();
+        let link = self.link(peer)?;
         link.connected(deadline).await?;
         let correlation_id = link.next_correlation_id();
         let (sender, receiver) = oneshot::channel();
@@ -402,15 +526,21 @@ impl Shared {
             remote = %connection.remote_address(),
             "closing peer connection: protocol error: {reason}"
         );
-        connection.close(
-            VarInt::from_u32(CLOSE_PROTOCOL_ERROR),
-            truncate(reason.as_bytes(), 200),
-        );
+        close_connection(connection, CLOSE_PROTOCOL_ERROR, reason);
     }
 }
 
-pub(crate) fn truncate(bytes: &[u8], max: usize) -> &[u8] {
-    &bytes[..bytes.len().min(max)]
+/// Longest close reason sent to a peer, in bytes (a close frame must fit a packet).
+const CLOSE_REASON_BYTES_MAX: usize = 200;
+
+/// Closes `connection` with application close `code` and `reason` (cut to
+/// `CLOSE_REASON_BYTES_MAX`).
+pub(crate) fn close_connection(connection: &quinn::Connection, code: u32, reason: &str) {
+    let reason = reason.as_bytes();
+    connection.close(
+        VarInt::from_u32(code),
+        &reason[..reason.len().min(CLOSE_REASON_BYTES_MAX)],
+    );
 }
 
 pub(crate) async fn enqueue(

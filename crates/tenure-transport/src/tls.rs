@@ -8,6 +8,11 @@
 //! the handshake. After the handshake, [`verify_peer_node_id`] binds the node id a peer claims (for
 //! example in its first frame) to the certificate it presented.
 //!
+//! A certificate that chains to the CA can still be revoked by its owner: [`certificate_sha256`]
+//! and [`peer_certificate_sha256`] name a certificate by the SHA-256 of its DER, and a
+//! [`PeerAdmission`] policy (consulted by the transport on both sides of every peer connection)
+//! refuses the ones it lists.
+//!
 //! Issuing the certificates (the cluster CA, node certificates, the files `tenure certs` writes)
 //! is [`crate::certs`]'s job, not this module's.
 //!
@@ -563,17 +568,12 @@ pub fn verify_peer_node_id(
     claimed_node_id: u64,
 ) -> Result<(), TlsError> {
     let identity = peer_identity.ok_or(TlsError::PeerIdentityMissing { claimed_node_id })?;
-    let chain = identity
-        .downcast::<Vec<CertificateDer<'static>>>()
-        .map_err(|_| TlsError::PeerIdentityUnexpected {
+    let end_entity =
+        leaf_certificate(identity).map_err(|reason| TlsError::PeerIdentityUnexpected {
             claimed_node_id,
-            reason: "not a certificate chain",
+            reason,
         })?;
-    let end_entity = chain.first().ok_or(TlsError::PeerIdentityUnexpected {
-        claimed_node_id,
-        reason: "an empty certificate chain",
-    })?;
-    let cert = webpki::EndEntityCert::try_from(end_entity).map_err(|source| {
+    let cert = webpki::EndEntityCert::try_from(&end_entity).map_err(|source| {
         TlsError::PeerCertificateInvalid {
             claimed_node_id,
             source,
@@ -586,6 +586,46 @@ pub fn verify_peer_node_id(
             expected_name,
             source,
         })
+}
+
+/// The peer's own (leaf) certificate out of what `quinn::Connection::peer_identity()` returns
+/// with rustls: a certificate chain, the peer's first.
+fn leaf_certificate(identity: Box<dyn Any>) -> Result<CertificateDer<'static>, &'static str> {
+    let chain = identity
+        .downcast::<Vec<CertificateDer<'static>>>()
+        .map_err(|_| "not a certificate chain")?;
+    chain.into_iter().next().ok_or("an empty certificate chain")
+}
+
+/// The SHA-256 of a certificate's DER: the name of that one certificate (a node's re-issued
+/// certificate has another), as revocation lists give it.
+pub fn certificate_sha256(der: &[u8]) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, der);
+    let mut sha256 = [0u8; 32];
+    for (byte, digested) in sha256.iter_mut().zip(digest.as_ref()) {
+        *byte = *digested;
+    }
+    sha256
+}
+
+/// [`certificate_sha256`] of the peer's own certificate, out of what
+/// `quinn::Connection::peer_identity()` returns after a handshake made with [`NodeTls`]'s
+/// configurations; `None` when there is no certificate chain.
+pub fn peer_certificate_sha256(peer_identity: Option<Box<dyn Any>>) -> Option<[u8; 32]> {
+    let leaf = leaf_certificate(peer_identity?).ok()?;
+    Some(certificate_sha256(leaf.as_ref()))
+}
+
+/// The owner's say on which peer certificates may carry a peer link, beyond the CA's: for
+/// example a list of revoked certificates. Set on a running transport with
+/// `Transport::set_peer_admission`; consulted on both sides of every peer connection, after
+/// the certificate proved the node id (the accepting side refuses the `Hello` with the reason,
+/// the dialling side closes the connection), and again when a connection is put to use.
+pub trait PeerAdmission: Send + Sync + 'static {
+    /// Whether node `node_id` may connect with the certificate whose [`certificate_sha256`] is
+    /// `cert_sha256`; `Err` carries the reason the peer is told and the log shows. Called on the
+    /// connection tasks: it must answer quickly and never block.
+    fn admit(&self, node_id: u64, cert_sha256: &[u8; 32]) -> Result<(), String>;
 }
 
 /// Verifies that `cert` chains to one of `anchors` now and may be used both as a TLS server and
@@ -838,6 +878,32 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn the_peer_certificate_is_named_by_its_sha256() {
+        let ca = generate_cluster_ca("fingerprints").unwrap();
+        let node = issue_node_certificate(&ca, 4, &[]).unwrap();
+        let der = CertificateDer::from_pem_slice(node.cert_pem.as_bytes()).unwrap();
+        let expected: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, der.as_ref())
+            .as_ref()
+            .try_into()
+            .unwrap();
+        assert_eq!(certificate_sha256(der.as_ref()), expected);
+        let ca_der = CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap();
+        let chain = vec![der.clone(), ca_der];
+        assert_eq!(
+            peer_certificate_sha256(Some(Box::new(chain))),
+            Some(expected)
+        );
+        // A re-issued certificate of the same node is another certificate.
+        let reissued = issue_node_certificate(&ca, 4, &[]).unwrap();
+        let reissued = CertificateDer::from_pem_slice(reissued.cert_pem.as_bytes()).unwrap();
+        assert_ne!(certificate_sha256(reissued.as_ref()), expected);
+        let empty: Vec<CertificateDer<'static>> = Vec::new();
+        assert_eq!(peer_certificate_sha256(Some(Box::new(empty))), None);
+        assert_eq!(peer_certificate_sha256(Some(Box::new(1u64))), None);
+        assert_eq!(peer_certificate_sha256(None), None);
     }
 
     #[test]

@@ -14,13 +14,23 @@
 //! leaves in one frame. Readers decode frames from the peer's lanes and hand each message to
 //! `inbound` (requests) or to the waiting requester (responses).
 //!
+//! Peers come and go at runtime: [`Transport::add_peer`] creates a link and its task (or points
+//! an existing one at a new address, dropping its connection so it redials there),
+//! [`Transport::remove_peer`] closes the link's connection, fails its waiting requests and stops
+//! its tasks; from then on requests to that node fail as `UnknownPeer` and its `Hello` is refused
+//! as not a member. An owner's [`PeerAdmission`] policy ([`Transport::set_peer_admission`]) can
+//! refuse certificates that still chain to the CA (revoked ones): checked when accepting a
+//! `Hello`, right after dialling, and when a connection is put to use;
+//! [`Transport::close_peer_connection`] drops a live connection whose certificate it just
+//! revoked.
+//!
 //! Must not depend on: the lease state machine's semantics, RocksDB, configuration files, or the
 //! wall clock in any decision (timeouts use tokio's monotonic clock).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -39,12 +49,13 @@ use crate::error::TransportError;
 use crate::fault::FaultInjector;
 use crate::inbound;
 use crate::link::{
-    CLOSE_DUPLICATE, CLOSE_REFUSED, CLOSE_SHUTDOWN, CONTROL_FRAME_BYTES_MAX, FrameReadError, Offer,
-    Outbound, PeerLink, Shared, read_frame, write_frame,
+    CLOSE_DROPPED, CLOSE_DUPLICATE, CLOSE_REFUSED, CLOSE_REMOVED, CLOSE_SHUTDOWN,
+    CONTROL_FRAME_BYTES_MAX, FrameReadError, Offer, Outbound, PeerLink, REMOVED_REASON, Shared,
+    close_connection, read_frame, removed, write_frame,
 };
 use crate::registry::{ClientAcceptor, GroupRegistry};
 use crate::stats::{TransportStats, TransportStatsSnapshot, add};
-use crate::tls::{NodeTls, node_server_name, verify_peer_node_id};
+use crate::tls::{NodeTls, PeerAdmission, node_server_name, verify_peer_node_id};
 
 /// One node's peer transport. Cheap to clone.
 #[derive(Clone)]
@@ -138,7 +149,9 @@ pub fn bind_endpoint(addr: SocketAddr, tls: &NodeTls) -> Result<quinn::Endpoint,
 }
 
 impl Transport {
-    /// Binds the endpoint, starts accepting peers and dialling the configured ones.
+    /// Binds the endpoint, starts accepting peers and dialling the configured ones
+    /// (`config.peers`, the members at start; [`Transport::add_peer`] and
+    /// [`Transport::remove_peer`] change them later).
     ///
     /// `registry` finds the local replica of a group for incoming requests; `faults`, when given,
     /// judges every message this node sends (tests).
@@ -189,6 +202,12 @@ impl Transport {
             .filter(|(id, _)| **id != config.node_id)
             .map(|(&id, &addr)| (id, Arc::new(PeerLink::new(id, addr, &config))))
             .collect();
+        let runtime = tokio::runtime::Handle::try_current().map_err(|error| {
+            TransportError::io(
+                "starting the transport outside a tokio runtime",
+                std::io::Error::other(error),
+            )
+        })?;
         let snapshot_permits = Semaphore::new(config.snapshot_receives_max.max(1));
         let handshake_permits = Arc::new(Semaphore::new(config.handshakes_inflight_max.max(1)));
         let rng = StdMutex::new(SmallRng::seed_from_u64(config.seed));
@@ -196,7 +215,9 @@ impl Transport {
             config,
             endpoint,
             client_config,
-            links,
+            links: RwLock::new(links),
+            admission: RwLock::new(None),
+            runtime,
             registry,
             client_acceptor,
             faults,
@@ -207,9 +228,9 @@ impl Transport {
             next_stream_id: AtomicU64::new(1),
             rng,
         });
-        tokio::spawn(accept_loop(shared.clone()));
-        for link in shared.links.values() {
-            tokio::spawn(run_link(shared.clone(), link.clone()));
+        shared.runtime.spawn(accept_loop(shared.clone()));
+        for link in shared.all_links() {
+            shared.runtime.spawn(run_link(shared.clone(), link));
         }
         Ok(Self { shared })
     }
@@ -245,9 +266,85 @@ impl Transport {
     /// Whether a connection to `peer` is up right now.
     pub fn is_connected(&self, peer: u64) -> bool {
         self.shared
-            .links
+            .read_links()
             .get(&peer)
             .is_some_and(|link| link.current_connection().is_some())
+    }
+
+    /// The peers now (every member but this node), by id, with the address dials go to.
+    pub fn peers(&self) -> Vec<(u64, SocketAddr)> {
+        self.shared
+            .read_links()
+            .iter()
+            .map(|(&peer, link)| (peer, link.addr()))
+            .collect()
+    }
+
+    /// Makes `peer` a member reached at `addr`, without a restart. A new peer gets its link and
+    /// its task (it dials, and its connections are accepted); a known peer at the same address
+    /// is left alone; a known peer at another address is dialled there from now on, and its
+    /// current connection is closed so that the link reconnects. This node's own id, and any call
+    /// after [`Transport::shutdown`], are ignored.
+    pub fn add_peer(&self, peer: u64, addr: SocketAddr) {
+        let shared = &self.shared;
+        let me = shared.node_id();
+        if peer == me || *shared.shutdown.borrow() {
+            return;
+        }
+        let mut links = shared.write_links();
+        if let Some(link) = links.get(&peer).cloned() {
+            drop(links);
+            if link.set_addr(addr) {
+                info!(node = me, peer, %addr, "peer address changed");
+                link.close_connection(CLOSE_DROPPED, "peer address changed");
+            }
+            return;
+        }
+        let link = Arc::new(PeerLink::new(peer, addr, &shared.config));
+        links.insert(peer, link.clone());
+        drop(links);
+        info!(node = me, peer, %addr, "peer added");
+        shared.runtime.spawn(run_link(shared.clone(), link));
+    }
+
+    /// Takes `peer` out of the cluster, without a restart: closes its connection (code
+    /// [`CLOSE_REMOVED`](crate::CLOSE_REMOVED)), fails the requests waiting for it and stops its
+    /// tasks. Afterwards requests to it fail with `UnknownPeer` and its connections are refused
+    /// as not a member, until [`Transport::add_peer`] adds it again. Unknown peers are ignored.
+    pub fn remove_peer(&self, peer: u64) {
+        let Some(link) = self.shared.write_links().remove(&peer) else {
+            return;
+        };
+        link.mark_removed();
+        link.close_connection(CLOSE_REMOVED, REMOVED_REASON);
+        link.fail_pending();
+        info!(node = self.node_id(), peer, "peer removed");
+    }
+
+    /// Installs the owner's check of peer certificates (replacing any before): from now on every
+    /// peer connection, accepted or dialled, is refused unless `policy` admits the certificate
+    /// the peer presented. Connections already up stay; drop the ones the new policy refuses
+    /// with [`Transport::close_peer_connection`].
+    pub fn set_peer_admission(&self, policy: Arc<dyn PeerAdmission>) {
+        *self
+            .shared
+            .admission
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(policy);
+    }
+
+    /// Closes the current connection to `peer`, if any (code
+    /// [`CLOSE_DROPPED`](crate::CLOSE_DROPPED), with `reason`), keeping the peer a member: the
+    /// link reconnects, through the admission policy. For a peer whose certificate was just
+    /// revoked.
+    pub fn close_peer_connection(&self, peer: u64, reason: &str) {
+        if let Ok(link) = self.shared.link(peer) {
+            info!(
+                node = self.node_id(),
+                peer, "closing the peer connection: {reason}"
+            );
+            link.close_connection(CLOSE_DROPPED, reason);
+        }
     }
 
     /// Closes every connection and stops every task; later requests fail with `Shutdown`.
@@ -256,7 +353,7 @@ impl Transport {
         self.shared
             .endpoint
             .close(VarInt::from_u32(CLOSE_SHUTDOWN), b"shutdown");
-        for link in self.shared.links.values() {
+        for link in self.shared.all_links() {
             link.fail_pending();
         }
         let _ =
@@ -364,13 +461,18 @@ async fn handshake_incoming(shared: Arc<Shared>, incoming: quinn::Incoming) {
     }
     let _ = send.finish();
     let Ok(link) = shared.link(hello.from_node) else {
+        // Removed (or shut down) since the check.
+        close_connection(&connection, CLOSE_REMOVED, REMOVED_REASON);
         return;
     };
     let offer = Offer {
         connection,
         dialed_by: hello.from_node,
     };
-    let _ = link.offers.send(offer).await;
+    if let Err(refused) = link.offers.send(offer).await {
+        // The link's task stopped: it was removed.
+        close_connection(&refused.0.connection, CLOSE_REMOVED, REMOVED_REASON);
+    }
 }
 
 fn check_hello(
@@ -392,7 +494,7 @@ fn check_hello(
             shared.node_id()
         ));
     }
-    if !shared.links.contains_key(&hello.from_node) {
+    if !shared.is_member(hello.from_node) {
         return Err(format!(
             "node {} is not a member of this cluster",
             hello.from_node
@@ -403,7 +505,8 @@ fn check_hello(
             "certificate does not prove node {}: {error}",
             hello.from_node
         )
-    })
+    })?;
+    shared.admit(hello.from_node, connection)
 }
 
 async fn refuse(
@@ -430,20 +533,36 @@ async fn refuse(
             let _ = tokio::time::timeout(Duration::from_millis(200), send.stopped()).await;
         }
     }
-    connection.close(
-        VarInt::from_u32(CLOSE_REFUSED),
-        crate::link::truncate(reason.as_bytes(), 200),
-    );
+    close_connection(connection, CLOSE_REFUSED, reason);
 }
 
 async fn dial(shared: &Shared, link: &PeerLink) -> Result<(quinn::Connection, u64), String> {
     let server_name = node_server_name(link.peer);
+    let addr = link.addr();
     let connecting = shared
         .endpoint
-        .connect_with(shared.client_config.clone(), link.addr, &server_name)
-        .map_err(|e| format!("cannot dial {}: {e}", link.addr))?;
+        .connect_with(shared.client_config.clone(), addr, &server_name)
+        .map_err(|e| format!("cannot dial {addr}: {e}"))?;
     let attempt = async {
         let connection = connecting.await.map_err(|e| e.to_string())?;
+        // Keep no connection to a peer whose certificate the owner refuses, nor one to an
+        // address the peer no longer has.
+        if let Err(reason) = shared.admit(link.peer, &connection) {
+            warn!(
+                node = shared.node_id(),
+                peer = link.peer,
+                remote = %addr,
+                "refused the dialled peer: {reason}"
+            );
+            close_connection(&connection, CLOSE_REFUSED, &reason);
+            return Err(reason);
+        }
+        if link.addr() != addr {
+            close_connection(&connection, CLOSE_DROPPED, "peer address changed");
+            return Err(format!(
+                "the peer's address changed from {addr} during the dial"
+            ));
+        }
         let (mut send, mut recv) = connection.open_bi().await.map_err(|e| e.to_string())?;
         let hello = Frame::Hello(Hello {
             version: PEER_PROTOCOL_VERSION,
@@ -486,6 +605,7 @@ async fn run_link(shared: Arc<Shared>, link: Arc<PeerLink>) {
         return;
     };
     let mut shutdown = shared.shutdown.subscribe();
+    let mut removal = link.removal();
     let me = shared.node_id();
     let preferred_dialer = me.min(link.peer);
     let grace = Duration::from_millis(shared.config.higher_id_dial_grace_ms);
@@ -499,7 +619,7 @@ async fn run_link(shared: Arc<Shared>, link: Arc<PeerLink>) {
     };
     let mut next_offer: Option<Offer> = None;
     loop {
-        if *shutdown.borrow() {
+        if *shutdown.borrow() || link.is_removed() {
             break;
         }
         let offer = match next_offer.take() {
@@ -508,6 +628,7 @@ async fn run_link(shared: Arc<Shared>, link: Arc<PeerLink>) {
                 let sleep = tokio::time::sleep(dial_delay);
                 tokio::select! {
                     _ = shutdown.changed() => break,
+                    () = removed(&mut removal) => break,
                     offer = offers.recv() => match offer {
                         Some(offer) => offer,
                         None => break,
@@ -533,6 +654,11 @@ async fn run_link(shared: Arc<Shared>, link: Arc<PeerLink>) {
                 }
             }
         };
+        if link.is_removed() {
+            // Removed while the dial ran.
+            close_connection(&offer.connection, CLOSE_REMOVED, REMOVED_REASON);
+            break;
+        }
         link.dial_failing.store(false, Ordering::Relaxed);
         backoff = backoff_min;
         next_offer = run_connection(&shared, &link, offer, &mut offers, &mut shutdown).await;
@@ -546,7 +672,8 @@ async fn run_link(shared: Arc<Shared>, link: Arc<PeerLink>) {
     link.fail_pending();
 }
 
-/// Serves one connection until it closes or a preferred one replaces it (returned).
+/// Serves one connection until it closes, the link is removed, or a preferred one replaces it
+/// (returned).
 async fn run_connection(
     shared: &Arc<Shared>,
     link: &Arc<PeerLink>,
@@ -560,6 +687,17 @@ async fn run_connection(
         connection,
         dialed_by,
     } = offer;
+    // Checked at the handshake already; again here, for a connection admitted just before the
+    // owner revoked its certificate and waiting in the offer queue since.
+    if let Err(reason) = shared.admit(link.peer, &connection) {
+        warn!(
+            node = me,
+            peer = link.peer,
+            "dropping a peer connection: {reason}"
+        );
+        close_connection(&connection, CLOSE_REFUSED, &reason);
+        return None;
+    }
     add(&shared.stats.connections_established, 1);
     info!(
         node = me,
@@ -591,6 +729,7 @@ async fn run_connection(
         connection.clone(),
     ));
     link.connection.send_replace(Some(connection.clone()));
+    let mut removal = link.removal();
     let replacement = loop {
         tokio::select! {
             reason = connection.closed() => {
@@ -599,6 +738,10 @@ async fn run_connection(
             }
             _ = shutdown.changed() => {
                 connection.close(VarInt::from_u32(CLOSE_SHUTDOWN), b"shutdown");
+                break None;
+            }
+            () = removed(&mut removal) => {
+                close_connection(&connection, CLOSE_REMOVED, REMOVED_REASON);
                 break None;
             }
             offer = offers.recv() => match offer {
