@@ -6,7 +6,8 @@
 //! 127.0.0.1, creates every group's openraft replica on every node, starts the node-wide
 //! heartbeat driver and initializes each group from one node (spreading first leaderships).
 //! Nodes can be stopped and restarted from their data; one shared [`FaultInjector`] cuts or
-//! perturbs links.
+//! perturbs links. [`LocalCluster::add_node`] starts one more node later, which the running
+//! nodes' transports learn of only when the test adds it (`Transport::add_peer`).
 //!
 //! This is scaffolding, not the server: placement is "every group on every node", log time is
 //! milliseconds since the cluster started, and there is no client API. Must not be used by
@@ -160,6 +161,23 @@ impl LocalCluster {
                 .map_err(|e| fail(&format!("initializing group {group}"), e))?;
         }
         Ok(cluster)
+    }
+
+    /// Starts a new node, id one above the highest so far, on a fresh address: its transport
+    /// knows every node; its group replicas are uninitialized (a member to be, for the test to
+    /// add to groups). The running nodes' transports do not know it until the test calls
+    /// `Transport::add_peer` on them (nodes started later know it from the start). Returns its
+    /// id.
+    pub async fn add_node(&mut self) -> Result<u64, ClusterError> {
+        let id = self.addrs.keys().next_back().map_or(1, |last| last + 1);
+        self.addrs.insert(id, free_loopback_port()?);
+        self.start_node(id).await?;
+        Ok(id)
+    }
+
+    /// The address of node `id`'s transport.
+    pub fn addr(&self, id: u64) -> Option<SocketAddr> {
+        self.addrs.get(&id).copied()
     }
 
     /// (Re)starts node `id` from its data directory.

@@ -31,7 +31,7 @@ struct Setup {
     _dir: tempfile::TempDir,
 }
 
-fn free_port() -> SocketAddr {
+pub(crate) fn free_port() -> SocketAddr {
     std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -79,7 +79,8 @@ async fn setup() -> Setup {
     setup
 }
 
-async fn wait_until(condition: impl Fn() -> bool) {
+/// Waits (at most `WAIT`) until `condition` holds.
+pub(crate) async fn wait_until(condition: impl Fn() -> bool) {
     tokio::time::timeout(WAIT, async {
         while !condition() {
             tokio::time::sleep(Duration::from_millis(10)).await;
