@@ -612,6 +612,50 @@ impl Client {
         }
     }
 
+    /// The cluster's node table (ids, addresses, states, revoked certificates, preferred
+    /// leaders) as the metadata group's leader knows it.
+    pub async fn cluster_nodes(&self) -> Result<tenure_core::ClusterMeta, ClientError> {
+        match self
+            .call(
+                Some(tenure_core::METADATA_GROUP.0),
+                RequestBody::ClusterNodes,
+                RequestFlags::default(),
+                None,
+            )
+            .await?
+        {
+            ResponseBody::Cluster(meta) => Ok(meta),
+            _ => Err(ClientError::Protocol(
+                "ClusterNodes answered with another kind".into(),
+            )),
+        }
+    }
+
+    /// Cluster operators: changes the node table (`AddNode`, `SetState` to drain a node or take
+    /// the drain back, `Remove`). Repeating a change that was applied is a no-op
+    /// (`changed: false`), so a lost answer is retried safely.
+    pub async fn cluster_change(
+        &self,
+        op: tenure_core::ClusterOp,
+    ) -> Result<tenure_core::ClusterChange, ClientError> {
+        let deadline = crate::time::now() + self.inner.config.call_timeout;
+        match self
+            .call_until(
+                Some(tenure_core::METADATA_GROUP.0),
+                RequestBody::ClusterChange(op),
+                RequestFlags::default(),
+                Some(""),
+                deadline,
+            )
+            .await?
+        {
+            ResponseBody::ClusterChanged(change) => Ok(change),
+            _ => Err(ClientError::Protocol(
+                "ClusterChange answered with another kind".into(),
+            )),
+        }
+    }
+
     /// The group a key belongs to (from the cached placement map).
     pub async fn group_of(&self, key: &ResourceKey) -> Result<u32, ClientError> {
         if let Some(group) = self.read_routing(|r| r.group_of(&key.tenant_id, &key.resource_id)) {
@@ -803,9 +847,11 @@ impl Client {
         let ids: Vec<u64> = self.read_routing(|r| r.nodes().map(|n| n.node_id).collect());
         let mut links: Vec<Arc<NodeLink>> =
             ids.iter().filter_map(|&id| self.link_for(id)).collect();
+        // Once a node table version is known, a node it no longer lists is not asked.
+        let table_known = self.read_routing(|r| r.nodes_version() > 0);
         if let Ok(known) = self.inner.links.lock() {
             for (id, link) in known.iter() {
-                if !ids.contains(id) {
+                if !table_known && !ids.contains(id) {
                     links.push(link.clone());
                 }
             }

@@ -59,7 +59,8 @@ pub use lease::{Lease, TransferFailed};
 pub use link::FaultInjector;
 pub use routing::{LeaderEntry, NodeInfo, RoutingState};
 pub use tenure_core::{
-    ErrorCode, LeaseId, LeaseStatus, LeaseView, ReplayState, ReplayStatus, ResourceKey,
+    ClusterChange, ClusterMeta, ClusterOp, ErrorCode, LeaseId, LeaseStatus, LeaseView,
+    NodeAddresses, NodeRecord, NodeState, ReplayState, ReplayStatus, ResourceKey,
 };
 pub use tenure_proto::client::{
     FollowerProgress, GetResult, GroupMembers, GroupStatus, LeaseResult, NodeStatus,

@@ -37,6 +37,8 @@ pub struct RoutingState {
     groups: u32,
     leaders: Vec<LeaderEntry>,
     nodes: BTreeMap<u64, NodeInfo>,
+    /// Version of the node list last taken from a table (the cluster node table's).
+    nodes_version: u64,
 }
 
 impl RoutingState {
@@ -68,8 +70,17 @@ impl RoutingState {
             // An older map's leaders may describe other groups; ignore the table.
             return Ok(());
         }
-        for node in &table.nodes {
-            self.learn_node(node);
+        if table.nodes_version > self.nodes_version {
+            // A newer node list replaces ours: removed nodes go, new ones come.
+            self.nodes.clear();
+            self.nodes_version = table.nodes_version;
+            for node in &table.nodes {
+                self.learn_node(node);
+            }
+        } else if table.nodes_version == self.nodes_version {
+            for node in &table.nodes {
+                self.learn_node(node);
+            }
         }
         for seen in &table.leaders {
             let Some(entry) = self.leaders.get_mut(seen.group_id as usize) else {
@@ -138,6 +149,11 @@ impl RoutingState {
         &self.leaders
     }
 
+    /// Version of the node list (0 until a table carried one).
+    pub fn nodes_version(&self) -> u64 {
+        self.nodes_version
+    }
+
     /// The known nodes, by id.
     pub fn nodes(&self) -> impl Iterator<Item = &NodeInfo> {
         self.nodes.values()
@@ -187,7 +203,32 @@ mod tests {
                     term,
                 })
                 .collect(),
+            nodes_version: 0,
         }
+    }
+
+    #[test]
+    fn a_newer_node_list_replaces_the_old_one() {
+        let mut state = RoutingState::default();
+        state.apply_table(&table(1, &[(Some(1), 3)])).unwrap();
+        assert_eq!(state.nodes().count(), 3);
+        // The node table grew to 4 and dropped node 2.
+        let mut grown = table(1, &[(Some(1), 3)]);
+        grown.nodes_version = 5;
+        grown.nodes.retain(|node| node.node_id != 2);
+        grown.nodes.push(NodeAddress {
+            node_id: 4,
+            client_addr: "127.0.0.1:7404".into(),
+            http_url: "http://127.0.0.1:8404".into(),
+        });
+        state.apply_table(&grown).unwrap();
+        let ids: Vec<u64> = state.nodes().map(|node| node.node_id).collect();
+        assert_eq!(ids, vec![1, 3, 4]);
+        assert_eq!(state.nodes_version(), 5);
+        // A node that has not caught up with the table yet does not bring node 2 back.
+        state.apply_table(&table(1, &[(Some(1), 3)])).unwrap();
+        let ids: Vec<u64> = state.nodes().map(|node| node.node_id).collect();
+        assert_eq!(ids, vec![1, 3, 4]);
     }
 
     #[test]

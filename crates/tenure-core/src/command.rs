@@ -6,6 +6,7 @@
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::{ClusterChange, ClusterError, ClusterOp};
 use crate::error::LeaseError;
 use crate::ids::{LeaseId, ResourceKey};
 use crate::limits::{GroupLimits, TenantPolicy};
@@ -29,6 +30,7 @@ impl std::fmt::Display for Entry {
             Command::Expire { leases_max } => write!(f, "Expire<={leases_max}"),
             Command::SetTenantPolicy { tenant_id, .. } => write!(f, "SetTenantPolicy({tenant_id})"),
             Command::SetGroupLimits(_) => f.write_str("SetGroupLimits"),
+            Command::Cluster(_) => f.write_str("Cluster"),
         }
     }
 }
@@ -55,6 +57,8 @@ pub enum Command {
     },
     /// Replace the group's limits (bootstrap and operator changes).
     SetGroupLimits(GroupLimits),
+    /// Change the cluster metadata (the metadata group only; appended in entry format 4).
+    Cluster(ClusterOp),
 }
 
 /// A client lease operation. Each carries a request id scoped to its resource.
@@ -441,6 +445,8 @@ pub enum CommandResult {
     },
     /// Result of [`Command::SetTenantPolicy`] or [`Command::SetGroupLimits`].
     Config(Result<(), LeaseError>),
+    /// Result of [`Command::Cluster`].
+    Cluster(Result<ClusterChange, ClusterError>),
 }
 
 /// A lease reclaimed because its expiry passed: an ordered event in the log.

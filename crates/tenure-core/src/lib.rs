@@ -55,6 +55,7 @@
 //!    (Expire and the quota reclaim are capped by `expire_batch_max`, garbage collection by a
 //!    budget proportional to the entry's size, List by `list_scan_max`).
 
+mod cluster;
 mod command;
 mod error;
 mod ids;
@@ -64,6 +65,10 @@ mod placement;
 mod state;
 mod validate;
 
+pub use cluster::{
+    CLUSTER_NODES_MAX, ClusterChange, ClusterError, ClusterMeta, ClusterOp, LEADER_PREFERENCES_MAX,
+    METADATA_GROUP, NODE_ADDRESS_BYTES_MAX, NodeAddresses, NodeRecord, NodeState,
+};
 pub use command::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOpKind,
     LeaseOpParts, LeaseOutcome, LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest,

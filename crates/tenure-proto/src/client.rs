@@ -35,8 +35,8 @@
 
 use serde::{Deserialize, Serialize};
 use tenure_core::{
-    ErrorCode, LeaseError, LeaseOp, LeaseReply, LeaseView, ListPage, ListRequest, ReplayState,
-    ResourceKey,
+    ClusterChange, ClusterError, ClusterMeta, ClusterOp, ErrorCode, LeaseError, LeaseOp,
+    LeaseReply, LeaseView, ListPage, ListRequest, ReplayState, ResourceKey,
 };
 
 use crate::peer::ProtoError;
@@ -44,7 +44,7 @@ use crate::peer::ProtoError;
 /// ALPN protocol identifier of the native client protocol: `tenure-client/` and
 /// [`CLIENT_PROTOCOL_VERSION`] (the version is negotiated by the TLS handshake, so a client and a
 /// node of different versions fail to connect instead of misreading each other's frames).
-pub const CLIENT_ALPN: &[u8] = b"tenure-client/4";
+pub const CLIENT_ALPN: &[u8] = b"tenure-client/5";
 
 /// ALPN prefix every version of the client protocol shares.
 pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
@@ -60,7 +60,10 @@ pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
 /// - 4: membership requests appended: [`RequestBody::GroupMembers`], [`RequestBody::MoveReplica`]
 ///   (operators), [`RequestBody::CreateReplica`] and [`RequestBody::DropReplica`] (nodes only),
 ///   with the answers [`ResponseBody::Members`] and [`ResponseBody::Replica`].
-pub const CLIENT_PROTOCOL_VERSION: u16 = 4;
+/// - 5: the cluster's node table: [`RequestBody::ClusterNodes`] and [`RequestBody::ClusterChange`]
+///   appended, answered by [`ResponseBody::Cluster`] and [`ResponseBody::ClusterChanged`];
+///   [`RoutingTable::nodes_version`] (the node list's version) appended.
+pub const CLIENT_PROTOCOL_VERSION: u16 = 5;
 
 /// The client protocol version an ALPN identifier names: `Ok` only for this build's
 /// [`CLIENT_PROTOCOL_VERSION`]; another version is [`ProtoError::UnsupportedVersion`], an
@@ -227,6 +230,14 @@ pub enum RequestBody {
         /// Log index of the group's membership entry that no longer lists this node.
         membership_log_index: u64,
     },
+    /// The cluster's node table as the answering node knows it (any node; it follows the
+    /// metadata group).
+    ClusterNodes,
+    /// A change to the cluster's node table, applied by the metadata group's leader (forwarded
+    /// there when asked). `AddNode`, `SetState` and `Remove`: operators. `NodeUp`: only the node
+    /// itself, sent straight to the leader over its own node certificate (whose SHA-256 must be
+    /// the one it reports). `Record` and `SetLeaderPreferences`: never over the wire.
+    ClusterChange(ClusterOp),
 }
 
 impl RequestBody {
@@ -244,6 +255,8 @@ impl RequestBody {
             RequestBody::MoveReplica { .. } => "move_replica",
             RequestBody::CreateReplica { .. } => "create_replica",
             RequestBody::DropReplica { .. } => "drop_replica",
+            RequestBody::ClusterNodes => "cluster_nodes",
+            RequestBody::ClusterChange(_) => "cluster_change",
         }
     }
 }
@@ -278,6 +291,10 @@ pub enum ResponseBody {
     Members(GroupMembers),
     /// `CreateReplica`'s and `DropReplica`'s answer.
     Replica(ReplicaChange),
+    /// `ClusterNodes`' answer.
+    Cluster(ClusterMeta),
+    /// `ClusterChange`'s answer.
+    ClusterChanged(ClusterChange),
 }
 
 /// A group's replica set as one replica (the leader, when it is known) sees it.
@@ -379,6 +396,8 @@ impl ResponseBody {
             ResponseBody::Status(_) => "Status",
             ResponseBody::Members(_) => "Members",
             ResponseBody::Replica(_) => "Replica",
+            ResponseBody::Cluster(_) => "Cluster",
+            ResponseBody::ClusterChanged(_) => "ClusterChanged",
         }
     }
 }
@@ -426,6 +445,9 @@ pub struct RoutingTable {
     pub nodes: Vec<NodeAddress>,
     /// The leader of each group as this node sees it, indexed by group id.
     pub leaders: Vec<GroupLeader>,
+    /// Version of the node list (the cluster node table's; 0 before it was recorded): a client
+    /// replaces its node list with a newer one and keeps it over an older one.
+    pub nodes_version: u64,
 }
 
 /// Addresses of one node.
@@ -489,6 +511,16 @@ impl WireError {
         let mut wire = WireError::new(error.code(), error.to_string());
         wire.lease_error = Some(error);
         wire
+    }
+
+    /// The metadata group's refusal of a node-table change as a wire error.
+    pub fn from_cluster_error(error: ClusterError) -> Self {
+        let code = match &error {
+            ClusterError::Invalid { .. } => ErrorCode::InvalidArgument,
+            ClusterError::UnknownNode { .. } => ErrorCode::NotFound,
+            ClusterError::Refused { .. } => ErrorCode::Forbidden,
+        };
+        WireError::new(code, error.to_string())
     }
 }
 

@@ -1,5 +1,7 @@
 //! `tenure certs`: the cluster CA and one certificate per node, written as the configuration's
-//! `[tls]` section expects them (`ca.pem`, `ca.key`, `node-ID.pem`, `node-ID.key`).
+//! `[tls]` section expects them (`ca.pem`, `ca.key`, `node-ID.pem`, `node-ID.key`); or, for a
+//! node added to a running cluster, one more node certificate from the existing CA
+//! ([`issue_from_existing_ca`]).
 //!
 //! Generation and the never-overwrite rule are `tenure_transport::certs::write_cluster_certificates`;
 //! this module chooses the node ids, names and addresses.
@@ -10,7 +12,10 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use tenure_transport::certs::{CertificatePaths, write_cluster_certificates};
+use tenure_transport::certs::{
+    CertificatePaths, ClusterCa, issue_node_certificate, write_cluster_certificates,
+};
+use tenure_transport::tls::{CA_CERT_FILE, CA_KEY_FILE, node_cert_file_name, node_key_file_name};
 
 use crate::ServerError;
 use crate::config::ServerConfig;
@@ -41,6 +46,69 @@ pub fn generate(
         node_ids,
         ips,
     )?)
+}
+
+/// Issues a certificate for each of `node_ids` from the cluster CA in `ca_dir` (`ca.pem`,
+/// `ca.key`), each with the IP SANs `ips`, into `out`: `node-ID.pem` and `node-ID.key` (mode
+/// 0600), synced. Never overwrites: an existing file fails the call before anything is written.
+/// Returns node id, certificate and key path per node.
+pub fn issue_from_existing_ca(
+    ca_dir: &Path,
+    node_ids: &[u64],
+    ips: &[IpAddr],
+    out: &Path,
+) -> Result<Vec<(u64, PathBuf, PathBuf)>, ServerError> {
+    if node_ids.is_empty() || node_ids.contains(&0) {
+        return Err(ServerError::Config(
+            "give the new nodes' ids (>= 1) with --nodes".into(),
+        ));
+    }
+    let ca = ClusterCa::load(&ca_dir.join(CA_CERT_FILE), &ca_dir.join(CA_KEY_FILE))?;
+    std::fs::create_dir_all(out)
+        .map_err(|e| ServerError::io(format!("creating {}", out.display()), e))?;
+    let paths: Vec<(u64, PathBuf, PathBuf)> = node_ids
+        .iter()
+        .map(|&id| {
+            (
+                id,
+                out.join(node_cert_file_name(id)),
+                out.join(node_key_file_name(id)),
+            )
+        })
+        .collect();
+    for (_, cert, key) in &paths {
+        for path in [cert, key] {
+            if path.exists() {
+                return Err(ServerError::Config(format!(
+                    "{} exists; it is never overwritten",
+                    path.display()
+                )));
+            }
+        }
+    }
+    for (id, cert_path, key_path) in &paths {
+        let issued = issue_node_certificate(&ca, *id, ips)?;
+        write_new_file(cert_path, issued.cert_pem.as_bytes(), 0o644)?;
+        write_new_file(key_path, issued.key_pem.as_bytes(), 0o600)?;
+    }
+    if let Ok(dir) = std::fs::File::open(out) {
+        let _ = dir.sync_all();
+    }
+    Ok(paths)
+}
+
+fn write_new_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ServerError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |e| ServerError::io(format!("writing {}", path.display()), e);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(io)?;
+    file.write_all(bytes).map_err(io)?;
+    file.sync_all().map_err(io)
 }
 
 /// The IP addresses of every peer of `config` (QUIC and HTTP), without unspecified addresses

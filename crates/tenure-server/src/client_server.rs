@@ -193,7 +193,7 @@ pub fn claim_connection(
 
 impl ClientAcceptor for ClientServer {
     fn accept(&self, connection: quinn::Connection) {
-        let Some((node, members, limits)) = self.service.get() else {
+        let Some((node, _configured_members, limits)) = self.service.get() else {
             connection.close(CLOSE_UNAVAILABLE.into(), b"node is starting");
             return;
         };
@@ -201,8 +201,20 @@ impl ClientAcceptor for ClientServer {
             connection.close(CLOSE_UNAVAILABLE.into(), b"node is stopping");
             return;
         };
+        let members = inner.member_nodes();
+        let cert_sha256 = tenure_transport::peer_certificate_sha256(connection.peer_identity());
+        if let Some(cert) = &cert_sha256 {
+            if inner.is_revoked(cert) {
+                debug!(remote = %connection.remote_address(), "refused a connection: revoked certificate");
+                connection.close(
+                    CLOSE_TOO_MANY_CONNECTIONS.into(),
+                    b"this certificate was revoked (its node was removed from the cluster)",
+                );
+                return;
+            }
+        }
         let service = Service { inner };
-        let (identity, slot) = match node_identity(&connection, members) {
+        let (identity, slot) = match node_identity(&connection, &members) {
             Some(node) => {
                 debug!(node, remote = %connection.remote_address(), "forwarding node connected");
                 connection.set_max_concurrent_bi_streams(NODE_STREAMS_MAX.into());
@@ -222,7 +234,9 @@ impl ClientAcceptor for ClientServer {
                 }
             }
         };
-        let state = Arc::new(ConnectionState::new(service, identity, limits));
+        let mut state = ConnectionState::new(service, identity, limits);
+        state.cert_sha256 = cert_sha256;
+        let state = Arc::new(state);
         tokio::spawn(serve_connection(state, connection, slot));
     }
 }
@@ -305,6 +319,8 @@ struct ConnectionState {
     muted: AtomicBool,
     /// Wakes a muted connection's accept loop when an Authenticate unmutes it.
     unmuted: tokio::sync::Notify,
+    /// SHA-256 of the client certificate, when it presented one.
+    cert_sha256: Option<[u8; 32]>,
 }
 
 impl ConnectionState {
@@ -336,6 +352,7 @@ impl ConnectionState {
             unauthenticated_refusals: AtomicU32::new(0),
             muted: AtomicBool::new(false),
             unmuted: tokio::sync::Notify::new(),
+            cert_sha256: None,
         }
     }
 
@@ -663,7 +680,10 @@ async fn handle_request(
     if matches!(identity, Identity::Client(_))
         && matches!(
             body,
-            RequestBody::Routing | RequestBody::Status | RequestBody::GroupMembers { .. }
+            RequestBody::Routing
+                | RequestBody::Status
+                | RequestBody::GroupMembers { .. }
+                | RequestBody::ClusterNodes
         )
     {
         let taken = state
@@ -724,6 +744,7 @@ async fn handle_request(
                         RequestBody::Routing
                             | RequestBody::Status
                             | RequestBody::GroupMembers { .. }
+                            | RequestBody::ClusterNodes
                     ) =>
                 {
                     Principal {
@@ -750,6 +771,7 @@ async fn handle_request(
                     Identity::Node(node) => Some(*node),
                     Identity::Client(_) => None,
                 },
+                peer_cert_sha256: state.cert_sha256,
             },
             body,
         )

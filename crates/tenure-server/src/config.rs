@@ -80,9 +80,44 @@ pub struct ServerConfig {
     /// Storage. Every field has a default.
     #[serde(default)]
     pub storage: StorageConfig,
+    /// Membership: joining a running cluster, the placement controller. Every field has a
+    /// default.
+    #[serde(default)]
+    pub cluster: ClusterConfig,
     /// Fault injection for tests (never set in production). Default: none.
     #[serde(default)]
     pub testing: TestingConfig,
+}
+
+/// Membership and the placement controller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// This node joins a running cluster (announced first with `tenurectl node add`): it founds
+    /// no group and hosts no replica until the placement controller moves some here; `peers`
+    /// then lists this node and a few seed nodes of the cluster (it learns the rest), and
+    /// `replication_factor` is not checked against their number. Default false.
+    pub join_existing: bool,
+    /// A member the placement controller cannot reach for this long is declared dead and its
+    /// replicas are re-created on the other nodes, in milliseconds; at least 1,000. Default
+    /// 300,000 (5 minutes).
+    pub node_dead_after_ms: u64,
+    /// How often the placement controller (on the metadata group's leader) looks, in
+    /// milliseconds; 0 turns it off. Default 5,000.
+    pub placement_interval_ms: u64,
+    /// Replica moves the controller runs at once across the cluster, 1 to 16. Default 2.
+    pub moves_inflight_max: u32,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            join_existing: false,
+            node_dead_after_ms: 300_000,
+            placement_interval_ms: 5_000,
+            moves_inflight_max: 2,
+        }
+    }
 }
 
 /// One member's addresses.
@@ -668,6 +703,7 @@ impl ServerConfig {
             limits: LimitsConfig::default(),
             auth: AuthConfig::default(),
             storage: StorageConfig::default(),
+            cluster: ClusterConfig::default(),
             testing: TestingConfig::default(),
         }
     }
@@ -928,7 +964,29 @@ impl ServerConfig {
                 format!("must be within 1..={GROUPS_MAX}, got {}", self.groups),
             ));
         }
-        let members = self.peers.len();
+        let members = if self.cluster.join_existing {
+            usize::MAX
+        } else {
+            self.peers.len()
+        };
+        if self.cluster.node_dead_after_ms < 1_000 {
+            return Err(ConfigError::invalid(
+                "cluster.node_dead_after_ms",
+                format!(
+                    "must be at least 1,000, got {}",
+                    self.cluster.node_dead_after_ms
+                ),
+            ));
+        }
+        if !(1..=16).contains(&self.cluster.moves_inflight_max) {
+            return Err(ConfigError::invalid(
+                "cluster.moves_inflight_max",
+                format!(
+                    "must be within 1..=16, got {}",
+                    self.cluster.moves_inflight_max
+                ),
+            ));
+        }
         if self.replication_factor == 0
             || usize::try_from(self.replication_factor).map_or(true, |rf| rf > members)
         {

@@ -1,7 +1,7 @@
 //! Forwarding: this node's connections to other nodes' client endpoints.
 //!
 //! A node that does not lead a key's group and was asked to forward sends the request to the
-//! leader over the native client protocol (ALPN `tenure-client/4`), presenting its own node
+//! leader over the native client protocol (ALPN `tenure-client/5`), presenting its own node
 //! certificate; the leader trusts the principal a cluster node names, unless the forwarder marks
 //! it as claimed without authentication (`RequestFlags::principal_claimed`), which only a leader
 //! in insecure development mode accepts. Forwarded requests never forward again (one hop).
@@ -13,7 +13,8 @@
 //! stream per request would stop at the leader's stream limit). Requests in flight per target
 //! are bounded ([`INFLIGHT_PER_NODE_MAX`]; a caller waits for room until its deadline). No lock
 //! is held across a dial: a dial runs in its own task and callers wait for its outcome, each
-//! until its own deadline; targets never wait for each other.
+//! until its own deadline; targets never wait for each other. Targets follow the cluster's node
+//! table at run time ([`Forwarder::set_node`], [`Forwarder::remove_node`]).
 //!
 //! Must not depend on: the groups; this module only moves requests.
 
@@ -128,6 +129,26 @@ struct Target {
     permits: Arc<Semaphore>,
 }
 
+impl Target {
+    fn new(node: u64, addr: SocketAddr) -> Arc<Self> {
+        Arc::new(Target {
+            node,
+            addr,
+            state: Mutex::new(TargetState::Idle),
+            permits: Arc::new(Semaphore::new(INFLIGHT_PER_NODE_MAX)),
+        })
+    }
+
+    /// Closes the live connection, if any (callers waiting on it fail at once).
+    fn close(&self, reason: &str) {
+        if let Ok(state) = self.state.lock() {
+            if let TargetState::Live(lanes) = &*state {
+                lanes.connection.close(0u32.into(), reason.as_bytes());
+            }
+        }
+    }
+}
+
 /// Forgets a waiting call's id when the call ends (answered, timed out or abandoned).
 struct PendingGuard {
     pending: PendingMap,
@@ -146,7 +167,8 @@ impl Drop for PendingGuard {
 pub struct Forwarder {
     endpoint: quinn::Endpoint,
     client_config: quinn::ClientConfig,
-    targets: BTreeMap<u64, Arc<Target>>,
+    /// By node; changed at run time as the cluster's node table changes.
+    targets: std::sync::RwLock<BTreeMap<u64, Arc<Target>>>,
     next_id: AtomicU64,
     /// Fault injection (tests): requests to a node this node's traffic to is dropped fail as
     /// UNAVAILABLE, as if the link were cut.
@@ -156,14 +178,7 @@ pub struct Forwarder {
 impl std::fmt::Debug for Forwarder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Forwarder")
-            .field(
-                "nodes",
-                &self
-                    .targets
-                    .values()
-                    .map(|target| (target.node, target.addr))
-                    .collect::<Vec<_>>(),
-            )
+            .field("nodes", &self.nodes())
             .finish_non_exhaustive()
     }
 }
@@ -180,25 +195,49 @@ impl Forwarder {
     ) -> Arc<Self> {
         let targets = nodes
             .into_iter()
-            .map(|(node, addr)| {
-                (
-                    node,
-                    Arc::new(Target {
-                        node,
-                        addr,
-                        state: Mutex::new(TargetState::Idle),
-                        permits: Arc::new(Semaphore::new(INFLIGHT_PER_NODE_MAX)),
-                    }),
-                )
-            })
+            .map(|(node, addr)| (node, Target::new(node, addr)))
             .collect();
         Arc::new(Forwarder {
             endpoint,
             client_config,
-            targets,
+            targets: std::sync::RwLock::new(targets),
             next_id: AtomicU64::new(1),
             fault_controls,
         })
+    }
+
+    /// The nodes requests can go to, with their addresses.
+    pub fn nodes(&self) -> Vec<(u64, SocketAddr)> {
+        self.targets
+            .read()
+            .map(|targets| targets.values().map(|t| (t.node, t.addr)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Makes `node` reachable at `addr` (a new node, or a node that moved: its old connection
+    /// is closed). No-op when nothing changed.
+    pub fn set_node(&self, node: u64, addr: SocketAddr) {
+        let Ok(mut targets) = self.targets.write() else {
+            return;
+        };
+        if targets.get(&node).is_some_and(|target| target.addr == addr) {
+            return;
+        }
+        if let Some(old) = targets.insert(node, Target::new(node, addr)) {
+            old.close("the node moved to another address");
+        }
+    }
+
+    /// Forgets `node` (removed from the cluster) and closes its connection.
+    pub fn remove_node(&self, node: u64) {
+        let removed = self
+            .targets
+            .write()
+            .ok()
+            .and_then(|mut targets| targets.remove(&node));
+        if let Some(target) = removed {
+            target.close("the node was removed from the cluster");
+        }
     }
 
     /// The target's live lanes, dialling them when there are none. The state lock is held only
@@ -261,8 +300,11 @@ impl Forwarder {
         }
         let target = self
             .targets
-            .get(&node)
+            .read()
+            .ok()
+            .and_then(|targets| targets.get(&node).cloned())
             .ok_or_else(|| unavailable(format!("node {node} is not a member")))?;
+        let target = &target;
         let started = tokio::time::Instant::now();
         let exchange = async {
             let _permit = target

@@ -391,6 +391,41 @@ impl GroupHandle {
         });
     }
 
+    /// Proposes one command of its own (not a lease operation) as this ready leader, stamped
+    /// with the leader's log time, and waits for its output.
+    pub async fn propose_command(&self, command: Command) -> Result<ApplyOutput, WireError> {
+        let Some(now) = self.log_now_ms() else {
+            return Err(self.not_leader());
+        };
+        let entry = Entry {
+            log_time_ms: now,
+            command,
+        };
+        match self.raft.client_write(entry).await {
+            Ok(response) => response.data.ok_or_else(|| {
+                WireError::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "group {} applied a command without an output",
+                        self.group_id
+                    ),
+                )
+            }),
+            Err(openraft::error::RaftError::APIError(error)) => {
+                Err(write_error(self.group_id, error))
+            }
+            Err(openraft::error::RaftError::Fatal(fatal)) => {
+                Err(unavailable(format!("proposal failed: {fatal}")))
+            }
+        }
+    }
+
+    /// The cluster metadata in this replica's applied state (empty outside the metadata group).
+    pub fn cluster_meta(&self) -> tenure_core::ClusterMeta {
+        self.state_machine
+            .with_leases(|leases| leases.cluster().clone())
+    }
+
     /// Asks the replica to hand leadership to `to`.
     pub async fn transfer_leadership(&self, to: u64) {
         if let Err(error) = self.raft.trigger().transfer_leader(to).await {

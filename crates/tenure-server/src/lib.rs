@@ -48,6 +48,7 @@ pub mod background;
 pub mod certs;
 pub mod client_server;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod dev;
 pub mod error;

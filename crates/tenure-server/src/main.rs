@@ -155,11 +155,16 @@ struct CertsArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["cluster", "ip"])]
     config: Option<PathBuf>,
     /// Issue certificates for these node ids (comma-separated), without a configuration.
-    #[arg(long, value_name = "IDS", value_delimiter = ',', requires = "out")]
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
     nodes: Option<Vec<u64>>,
     /// The output directory (created if missing).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Issue certificates for --nodes from the existing cluster CA in this directory (`ca.pem`,
+    /// `ca.key`): for nodes added to a running cluster. Writes into --out (default: this
+    /// directory).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["config", "cluster"])]
+    ca_dir: Option<PathBuf>,
     /// The cluster name (with --nodes).
     #[arg(long, value_name = "NAME", default_value = "tenure")]
     cluster: String,
@@ -362,6 +367,17 @@ fn secs(seconds: u64) -> Duration {
 }
 
 fn run_certs(args: CertsArgs) -> Result<(), Failure> {
+    if let Some(ca_dir) = &args.ca_dir {
+        let nodes = args.nodes.clone().unwrap_or_default();
+        let out = args.out.clone().unwrap_or_else(|| ca_dir.clone());
+        let written = certs::issue_from_existing_ca(ca_dir, &nodes, &args.ip, &out)?;
+        let mut text = String::new();
+        for (_, cert, key) in &written {
+            text.push_str(&format!("wrote {}\n", cert.display()));
+            text.push_str(&format!("wrote {}\n", key.display()));
+        }
+        return print(&text);
+    }
     let (paths, config) = if let Some(path) = &args.config {
         let config = config::load(path).map_err(Failure::config)?;
         let paths = certs::generate_for_config(&config, args.out.as_deref())?;

@@ -137,40 +137,29 @@ impl NodeShared {
         to: u64,
         ctx: &RequestContext,
     ) -> Result<ResponseBody, WireError> {
-        self.auth
-            .check_operator(&ctx.principal, ctx.flags.principal_claimed)?;
+        self.check_operator_or_node(ctx)?;
         self.check_group_id(group)?;
         if from == to {
             return Err(invalid("a move needs two different nodes"));
         }
-        for node in [from, to] {
-            if !self.config.peers.contains_key(&node) {
-                return Err(invalid(format!(
-                    "node {node} is not a member of this cluster (nodes {:?})",
-                    self.node_ids
-                )));
-            }
+        let members = self.member_nodes();
+        if !members.contains(&to) {
+            return Err(invalid(format!(
+                "node {to} is not a member of this cluster (nodes {members:?})"
+            )));
+        }
+        if self.cluster_view().version > 0 && !self.hosts_replicas(to) {
+            return Err(invalid(format!(
+                "node {to} does not take replicas (it is not active in the node table)"
+            )));
         }
         let Some(handle) = self.group(group).filter(|h| h.is_ready_leader()) else {
-            let view = self.leader_of(group);
-            return match view.leader {
-                Some(leader) if ctx.flags.forward && leader != self.config.node_id => {
-                    self.forwarder
-                        .forward(
-                            leader,
-                            &ctx.principal,
-                            ctx.flags,
-                            RequestBody::MoveReplica {
-                                group_id: group,
-                                from,
-                                to,
-                            },
-                            ctx.timeout,
-                        )
-                        .await
-                }
-                _ => Err(self.not_leader(group)),
+            let body = RequestBody::MoveReplica {
+                group_id: group,
+                from,
+                to,
             };
+            return self.forward_to_leader(group, body, ctx).await;
         };
         let mut done = self.start_move(handle, from, to)?;
         let waited = tokio::time::timeout(ctx.timeout, done.wait_for(Option::is_some)).await;
@@ -388,10 +377,8 @@ async fn run_move(
         )));
     }
     let addr = shared
-        .config
-        .peers
-        .get(&to)
-        .map(|peer| peer.addr.to_string())
+        .node_addresses(to)
+        .map(|(addr, _)| addr.to_string())
         .ok_or_else(|| invalid(format!("node {to} is not a member of this cluster")))?;
     shared
         .replica_call(to, RequestBody::CreateReplica { group_id: group })

@@ -114,6 +114,15 @@ pub const REPLICA_MOVES_INFLIGHT: &str = "tenure_replica_moves_inflight";
 /// Groups this node leads with fewer voters than the configured replication factor, or in the
 /// middle of a joint membership change.
 pub const GROUPS_UNDER_REPLICATED: &str = "tenure_groups_under_replicated";
+/// The placement controller's decisions, by `kind` (`dead`, `evacuate`, `rebalance`,
+/// `leaders`).
+pub const PLACEMENT_DECISIONS_TOTAL: &str = "tenure_placement_decisions_total";
+/// Replicas (voters and learners) per node, by `node`, as the placement controller last counted
+/// them (exported by the controller's node only).
+pub const NODE_REPLICAS: &str = "tenure_node_replicas";
+/// Groups led per node, by `node`, as the placement controller last counted them (exported by
+/// the controller's node only).
+pub const NODE_LEADERS: &str = "tenure_node_leaders";
 
 /// Every counter the node exports (registered at zero at start, so dashboards and alerts see
 /// them before the first event).
@@ -140,6 +149,7 @@ pub const COUNTERS: &[&str] = &[
     REPLICAS_CREATED_TOTAL,
     REPLICAS_DROPPED_TOTAL,
     REPLICA_MOVES_TOTAL,
+    PLACEMENT_DECISIONS_TOTAL,
 ];
 
 /// Every gauge the node exports (registered at zero at start).

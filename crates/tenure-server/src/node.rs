@@ -156,6 +156,9 @@ impl Node {
             &config.tls.node_cert,
             &config.tls.node_key,
         )?;
+        let cert_sha256 = certificate_sha256(&config.tls.node_cert)?;
+        let incarnation = crate::identity::read_identity(&config.data_dir)?
+            .map_or(1, |identity| identity.created_unix_ms.max(1));
         let node_ids: Vec<u64> = config.peers.keys().copied().collect();
         let peer_addrs: BTreeMap<u64, SocketAddr> = config
             .peers
@@ -261,7 +264,11 @@ impl Node {
             storage,
             clock.clone(),
             fault_controls,
+            (cert_sha256, incarnation),
         )?);
+        shared
+            .transport
+            .set_peer_admission(Arc::new(crate::cluster::NodeTableAdmission::new(&shared)));
         let service = Service {
             inner: shared.clone(),
         };
@@ -283,6 +290,10 @@ impl Node {
             tokio::spawn(background::balancer::run_balancer(shared.clone())),
             tokio::spawn(background::gauges::run_gauges(shared.clone())),
             tokio::spawn(background::leader_exchange::run_leader_exchange(
+                shared.clone(),
+            )),
+            tokio::spawn(background::cluster_sync::run_cluster_sync(shared.clone())),
+            tokio::spawn(background::placement::run_placement_controller(
                 shared.clone(),
             )),
         ];
@@ -502,6 +513,7 @@ fn shared_state(
     storage: NodeStorage,
     clock: Arc<dyn MonotonicClock>,
     fault_controls: Option<Arc<FaultControls>>,
+    (cert_sha256, incarnation): ([u8; 32], u64),
 ) -> Result<NodeShared, ServerError> {
     let placement = PlacementMap::uniform(PLACEMENT_VERSION, config.groups, SLOT_COUNT_DEFAULT)
         .map_err(|e| ServerError::Config(format!("placement: {e}")))?;
@@ -529,8 +541,24 @@ fn shared_state(
         )),
         clock,
         fault_controls,
+        cluster: std::sync::RwLock::new(Arc::default()),
+        cert_sha256,
+        incarnation,
         config,
     })
+}
+
+/// SHA-256 of the first certificate in the PEM file `path` (this node's own).
+fn certificate_sha256(path: &std::path::Path) -> Result<[u8; 32], ServerError> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let cert = CertificateDer::from_pem_file(path).map_err(|error| {
+        ServerError::Config(format!(
+            "reading the node certificate {}: {error}",
+            path.display()
+        ))
+    })?;
+    Ok(tenure_transport::certificate_sha256(cert.as_ref()))
 }
 
 /// The node's storage: RocksDB in the data directory with the configured options, or the one a

@@ -113,7 +113,7 @@ impl ReplicaFactory {
 
     /// Opens the replicas this node hosts at start: the recorded ones, or, when nothing is
     /// recorded (a data directory's first start, or one whose data was lost), the configured
-    /// layout. Returns the replicas by group id, the groups this node is the preferred node of
+    /// layout (none for a node that joins a running cluster, `cluster.join_existing`). Returns the replicas by group id, the groups this node is the preferred node of
     /// and may have to found (first start only), and the set to record once that is settled
     /// (`None` when the record exists).
     pub(crate) async fn open_at_start(
@@ -125,6 +125,9 @@ impl ReplicaFactory {
         let first_start = recorded.is_none();
         let hosted: BTreeSet<u32> = match recorded {
             Some(groups) => groups,
+            // A node joining a running cluster starts empty: the placement controller moves
+            // replicas to it; it never founds a group.
+            None if config.cluster.join_existing => BTreeSet::new(),
             None => (0..config.groups)
                 .filter(|&group| {
                     replicas_of(group, &node_ids, config.replication_factor).contains(&self.node_id)

@@ -38,6 +38,8 @@ pub struct RequestContext {
     /// The cluster node whose connection carries the request (its node certificate proved it),
     /// `None` for clients. Only nodes may create or drop this node's replicas.
     pub peer_node: Option<u64>,
+    /// SHA-256 of the certificate the connection presented (QUIC), `None` over HTTP.
+    pub peer_cert_sha256: Option<[u8; 32]>,
 }
 
 /// The request handler of one node. Cheap to clone.
@@ -121,11 +123,12 @@ fn error_code_label(error: &WireError) -> &'static str {
 
 impl NodeShared {
     fn node_address(&self, node_id: u64) -> Option<NodeAddress> {
-        self.config.peers.get(&node_id).map(|peer| NodeAddress {
-            node_id,
-            client_addr: peer.addr.to_string(),
-            http_url: format!("http://{}", peer.http_addr),
-        })
+        self.node_addresses(node_id)
+            .map(|(addr, http_addr)| NodeAddress {
+                node_id,
+                client_addr: addr.to_string(),
+                http_url: format!("http://{http_addr}"),
+            })
     }
 
     fn routing_table(&self) -> RoutingTable {
@@ -134,9 +137,9 @@ impl NodeShared {
             slot_groups: self.placement.slot_groups().iter().map(|g| g.0).collect(),
             groups: self.config.groups,
             nodes: self
-                .node_ids
-                .iter()
-                .filter_map(|&id| self.node_address(id))
+                .member_nodes()
+                .into_iter()
+                .filter_map(|id| self.node_address(id))
                 .collect(),
             leaders: (0..self.config.groups)
                 .map(|group| {
@@ -148,6 +151,7 @@ impl NodeShared {
                     }
                 })
                 .collect(),
+            nodes_version: self.cluster_view().version,
         }
     }
 
@@ -224,6 +228,10 @@ impl NodeShared {
             body @ (RequestBody::CreateReplica { .. } | RequestBody::DropReplica { .. }) => {
                 self.replica_request(body, &ctx).await
             }
+            RequestBody::ClusterNodes => {
+                Ok(ResponseBody::Cluster(self.cluster_view().as_ref().clone()))
+            }
+            RequestBody::ClusterChange(op) => self.cluster_change_request(op, &ctx).await,
             RequestBody::Lease(op) => {
                 if op.kind() == LeaseOpKind::Renew {
                     ::metrics::histogram!(m::RENEWALS_PER_REQUEST).record(1.0);

@@ -44,6 +44,7 @@ pub struct Readiness {
 pub struct NodeShared {
     pub(crate) config: ServerConfig,
     pub(crate) auth: Authenticator,
+    /// The configured peers (the members until the node table is recorded).
     pub(crate) node_ids: Vec<u64>,
     /// The replicas this node hosts, by group id (`None`: not hosted here). Replicas are added
     /// and dropped at run time by membership changes (`crate::replicas`).
@@ -64,6 +65,12 @@ pub struct NodeShared {
     /// The clock the groups' leader clocks read (and renewal pressure is timed by).
     pub(crate) clock: Arc<dyn MonotonicClock>,
     pub(crate) fault_controls: Option<Arc<FaultControls>>,
+    /// The cluster's node table as this node knows it (`crate::cluster`).
+    pub(crate) cluster: RwLock<Arc<tenure_core::ClusterMeta>>,
+    /// SHA-256 of this node's certificate (reported in `NodeUp`).
+    pub(crate) cert_sha256: [u8; 32],
+    /// This node's data directory incarnation (its creation time; reported in `NodeUp`).
+    pub(crate) incarnation: u64,
 }
 
 impl std::fmt::Debug for NodeShared {
@@ -95,11 +102,11 @@ impl NodeShared {
             .and_then(|groups| groups.get(group as usize).cloned().flatten())
     }
 
-    /// Voters each group should have: the replication factor, at most the number of nodes.
+    /// Voters each group should have: the replication factor, at most the number of members.
     pub(crate) fn voters_wanted(&self) -> usize {
         usize::try_from(self.config.replication_factor)
             .unwrap_or(usize::MAX)
-            .clamp(1, self.node_ids.len().max(1))
+            .clamp(1, self.member_nodes().len().max(1))
     }
 
     /// `INVALID_ARGUMENT` unless `group` is one of the cluster's groups.
@@ -116,11 +123,10 @@ impl NodeShared {
         Ok(())
     }
 
-    /// Every node but this one.
+    /// Every member but this one.
     pub(crate) fn other_nodes(&self) -> Vec<u64> {
-        self.node_ids
-            .iter()
-            .copied()
+        self.member_nodes()
+            .into_iter()
             .filter(|&node| node != self.config.node_id)
             .collect()
     }

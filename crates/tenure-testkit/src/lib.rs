@@ -57,8 +57,8 @@ use tenure_proto::client::{
     decode_response_frame, encode_client_frame,
 };
 use tenure_server::config::{
-    AuthConfig, LimitsConfig, PeerConfig, ServerConfig, StorageConfig, TestingConfig, TimingConfig,
-    TlsConfig, TokenConfig,
+    AuthConfig, ClusterConfig, LimitsConfig, PeerConfig, ServerConfig, StorageConfig,
+    TestingConfig, TimingConfig, TlsConfig, TokenConfig,
 };
 use tenure_transport::certs::write_cluster_certificates;
 use tenure_transport::tls::node_server_name;
@@ -132,6 +132,9 @@ pub struct ClusterOptions {
     /// Soft and hard `RLIMIT_NOFILE` of the node processes (None: inherited), set with
     /// `prlimit` before `tenure serve` starts.
     pub nofile_limit: Option<u64>,
+    /// The nodes' `[cluster]` section (None: the placement controller off, so a test's
+    /// replica sets change only when it changes them).
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for ClusterOptions {
@@ -149,6 +152,7 @@ impl Default for ClusterOptions {
             configure: None,
             limits: None,
             nofile_limit: None,
+            cluster: None,
         }
     }
 }
@@ -293,6 +297,10 @@ pub fn node_config(
             fsync: options.fsync,
             ..StorageConfig::default()
         },
+        cluster: options.cluster.clone().unwrap_or(ClusterConfig {
+            placement_interval_ms: 0,
+            ..ClusterConfig::default()
+        }),
         testing: TestingConfig {
             clock_rate_ppm,
             clock_offset_ms,
@@ -452,6 +460,67 @@ impl ProcessCluster {
             cluster.spawn(id);
         }
         cluster
+    }
+
+    /// Adds node `id` to the running cluster as a newcomer would: a certificate from the
+    /// cluster CA (`tenure certs --ca-dir`), a configuration with `[cluster] join_existing =
+    /// true` listing itself and the current nodes as seeds, and `tenure serve`. The node table
+    /// must announce it (`ClusterChange(AddNode)`) before it can report itself.
+    pub fn add_node(&mut self, id: u64) -> (SocketAddr, SocketAddr) {
+        assert!(!self.nodes.contains_key(&id), "node {id} exists already");
+        let certs = self.dir_path().join("certs");
+        let issued = Command::new(tenure_bin())
+            .args(["certs", "--ca-dir"])
+            .arg(&certs)
+            .args(["--nodes", &id.to_string(), "--ip", "127.0.0.1"])
+            .output()
+            .expect("running tenure certs");
+        assert!(
+            issued.status.success(),
+            "tenure certs --ca-dir failed: {}",
+            String::from_utf8_lossy(&issued.stderr)
+        );
+        let (addr, http_addr) = free_ports(1)[0];
+        let mut peers: BTreeMap<u64, PeerConfig> = self
+            .nodes
+            .values()
+            .map(|node| {
+                (
+                    node.id,
+                    PeerConfig {
+                        addr: node.quic_addr,
+                        http_addr: node.http_addr,
+                    },
+                )
+            })
+            .collect();
+        peers.insert(id, PeerConfig { addr, http_addr });
+        let node_dir = self.dir_path().join(format!("node-{id}"));
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let data_dir = node_dir.join("data");
+        let mut config = node_config(id, &data_dir, &certs, &peers, &self.options);
+        config.cluster.join_existing = true;
+        config
+            .validate()
+            .expect("the joining node's configuration is valid");
+        let config_path = node_dir.join("tenure.toml");
+        write_config(&config_path, &config);
+        self.configs.insert(id, config);
+        let log_path = self.dir_path().join(format!("node-{id}.log"));
+        self.nodes.insert(
+            id,
+            NodeProcess {
+                id,
+                quic_addr: addr,
+                http_addr,
+                config_path,
+                data_dir,
+                log_path,
+                child: None,
+            },
+        );
+        self.spawn(id);
+        (addr, http_addr)
     }
 
     /// Starts a cluster and waits until every node is ready.

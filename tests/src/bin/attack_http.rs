@@ -156,6 +156,7 @@ fn start_cluster() -> anyhow::Result<OwnCluster> {
             tokens: Vec::new(),
         },
         storage: StorageConfig::default(),
+        cluster: Default::default(),
         testing: TestingConfig::default(),
     };
     config.validate().context("the node's configuration")?;

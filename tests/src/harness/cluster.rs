@@ -649,6 +649,7 @@ fn node_config(
             block_cache_bytes: 8 << 20,
             write_buffer_bytes: 8 << 20,
         },
+        cluster: Default::default(),
         testing: TestingConfig {
             fault_control: true,
             negative_control: options.negative_control,

@@ -343,6 +343,7 @@ fn node_config(options: &SimOptions, id: u64, data_dir: PathBuf, certs: &Path) -
             fsync: true,
             ..StorageConfig::default()
         },
+        cluster: Default::default(),
         testing: TestingConfig {
             fault_control: true,
             negative_control: options.negative_control,

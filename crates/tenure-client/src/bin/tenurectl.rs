@@ -37,8 +37,9 @@ use anyhow::Context as _;
 use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 use tenure_client::{
-    AcquireOptions, Client, ClientConfig, ClientError, Credentials, Endpoint, Grant, GroupMembers,
-    GroupStatus, LeaseId, LeaseStatus, LeaseView, NodeStatus, ResourceKey,
+    AcquireOptions, Client, ClientConfig, ClientError, ClusterChange, ClusterOp, Credentials,
+    Endpoint, Grant, GroupMembers, GroupStatus, LeaseId, LeaseStatus, LeaseView, NodeAddresses,
+    NodeState, NodeStatus, ResourceKey,
 };
 
 /// Help heading of the options every subcommand accepts.
@@ -220,6 +221,53 @@ enum Command {
     /// A group's replicas: show them, or move one to another node.
     #[command(subcommand)]
     Group(GroupCommand),
+    /// The cluster's nodes: list them, announce a new one, drain, or remove one.
+    #[command(subcommand)]
+    Node(NodeCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeCommand {
+    /// Every node in the cluster's node table: state, addresses, replicas and groups led.
+    List,
+    /// Announce a new node (cluster operators). It joins when it starts (with
+    /// `[cluster] join_existing = true`) and reports itself; the placement controller then moves
+    /// replicas to it.
+    Add {
+        /// The new node's id (never used before in this cluster).
+        node: u64,
+        /// Its QUIC endpoint, `ip:port`.
+        #[arg(long, value_name = "ADDR")]
+        addr: std::net::SocketAddr,
+        /// Its HTTP gateway, `ip:port`.
+        #[arg(long, value_name = "ADDR")]
+        http_addr: std::net::SocketAddr,
+    },
+    /// Drain a node (cluster operators): the placement controller moves its replicas to the
+    /// active nodes. With --wait-ms, waits until it holds none (exit 1 if it still does then).
+    Drain {
+        /// The node.
+        node: u64,
+        /// How long to wait for the node to be empty (0: do not wait).
+        #[arg(long, value_name = "MS", default_value_t = 0)]
+        wait_ms: u64,
+    },
+    /// Take a drain back: the node is active again (cluster operators).
+    Undrain {
+        /// The node.
+        node: u64,
+    },
+    /// Remove a node for good (cluster operators): every node refuses it and its certificate
+    /// from then on, its id is never reused. Refused while it still holds replicas (drain it
+    /// first), unless --force (a node that is gone for good: its replicas are then re-created
+    /// elsewhere).
+    Remove {
+        /// The node.
+        node: u64,
+        /// Remove it even though it still holds replicas.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -488,6 +536,7 @@ async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
         Command::Group(GroupCommand::Show { group }) => {
             Ok(members_report(&client.group_members(group).await?))
         }
+        Command::Node(command) => Ok(node_command(client, command).await?),
         Command::Group(GroupCommand::Move {
             group,
             from,
@@ -499,6 +548,161 @@ async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
                 .await?,
         )),
     }
+}
+
+// ----- nodes -----
+
+/// Replicas (voters and learners) and groups led per node, from every group's leader.
+async fn replicas_per_node(
+    client: &Client,
+) -> Result<(BTreeMap<u64, u64>, BTreeMap<u64, u64>), ClientError> {
+    let groups = client.routing().groups;
+    let mut replicas: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut leaders: BTreeMap<u64, u64> = BTreeMap::new();
+    for group in 0..groups {
+        let members = client.group_members(group).await?;
+        for node in members.voters.iter().chain(&members.learners) {
+            *replicas.entry(*node).or_insert(0) += 1;
+        }
+        if let Some(leader) = members.leader {
+            *leaders.entry(leader).or_insert(0) += 1;
+        }
+    }
+    Ok((replicas, leaders))
+}
+
+async fn node_command(client: &Client, command: NodeCommand) -> Result<Report, ClientError> {
+    match command {
+        NodeCommand::List => {
+            let meta = client.cluster_nodes().await?;
+            let (replicas, leaders) = replicas_per_node(client).await?;
+            let nodes: Vec<Value> = meta
+                .nodes
+                .values()
+                .map(|node| {
+                    json!({
+                        "node_id": node.node_id,
+                        "state": node.state.as_str(),
+                        "addr": node.addr,
+                        "http_addr": node.http_addr,
+                        "replicas": replicas.get(&node.node_id).copied().unwrap_or(0),
+                        "leads": leaders.get(&node.node_id).copied().unwrap_or(0),
+                        "reported": node.cert_sha256.is_some(),
+                        "incarnation": node.incarnation,
+                    })
+                })
+                .collect();
+            let mut table = format!(
+                "node table version {} ({} revoked certificates)\n",
+                meta.version,
+                meta.revoked.len()
+            );
+            let rows: Vec<Vec<String>> = meta
+                .nodes
+                .values()
+                .map(|node| {
+                    vec![
+                        node.node_id.to_string(),
+                        node.state.as_str().to_owned(),
+                        node.addr.clone(),
+                        node.http_addr.clone(),
+                        replicas
+                            .get(&node.node_id)
+                            .copied()
+                            .unwrap_or(0)
+                            .to_string(),
+                        leaders.get(&node.node_id).copied().unwrap_or(0).to_string(),
+                    ]
+                })
+                .collect();
+            table.push_str(&render_table(
+                &["NODE", "STATE", "ADDR", "HTTP", "REPLICAS", "LEADS"],
+                &rows,
+            ));
+            Ok(Report {
+                json: json!({ "version": meta.version, "nodes": nodes }),
+                table,
+            })
+        }
+        NodeCommand::Add {
+            node,
+            addr,
+            http_addr,
+        } => {
+            let change = client
+                .cluster_change(ClusterOp::AddNode(NodeAddresses {
+                    node_id: node,
+                    addr: addr.to_string(),
+                    http_addr: http_addr.to_string(),
+                }))
+                .await?;
+            Ok(change_report(node, "joining", change))
+        }
+        NodeCommand::Drain { node, wait_ms } => {
+            let change = client
+                .cluster_change(ClusterOp::SetState {
+                    node_id: node,
+                    state: NodeState::Draining,
+                })
+                .await?;
+            if wait_ms > 0 {
+                let deadline = std::time::Instant::now() + Duration::from_millis(wait_ms);
+                loop {
+                    let (replicas, _) = replicas_per_node(client).await?;
+                    let left = replicas.get(&node).copied().unwrap_or(0);
+                    if left == 0 {
+                        break;
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        return Err(ClientError::DeadlineExceeded {
+                            timeout_ms: wait_ms,
+                            attempts: 1,
+                            last: format!(
+                                "node {node} still holds {left} replicas (the drain goes on)"
+                            ),
+                        });
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+            Ok(change_report(node, "draining", change))
+        }
+        NodeCommand::Undrain { node } => {
+            let change = client
+                .cluster_change(ClusterOp::SetState {
+                    node_id: node,
+                    state: NodeState::Active,
+                })
+                .await?;
+            Ok(change_report(node, "active", change))
+        }
+        NodeCommand::Remove { node, force } => {
+            if !force {
+                let (replicas, _) = replicas_per_node(client).await?;
+                let held = replicas.get(&node).copied().unwrap_or(0);
+                if held > 0 {
+                    return Err(ClientError::InvalidRequest(format!(
+                        "node {node} still holds {held} replicas: drain it first (`tenurectl \
+                         node drain {node} --wait-ms 600000`), or --force for a node that is \
+                         gone for good"
+                    )));
+                }
+            }
+            let change = client
+                .cluster_change(ClusterOp::Remove { node_id: node })
+                .await?;
+            Ok(change_report(node, "removed", change))
+        }
+    }
+}
+
+fn change_report(node: u64, state: &str, change: ClusterChange) -> Report {
+    fields_report(vec![
+        ("node_id", json!(node)),
+        ("state", json!(state)),
+        ("changed", json!(change.changed)),
+        ("version", json!(change.version)),
+    ])
 }
 
 // ----- groups -----

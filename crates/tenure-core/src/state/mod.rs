@@ -31,6 +31,7 @@ pub use snapshot::{
     SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN, SnapshotError, SnapshotStats,
 };
 
+use crate::cluster::{ClusterError, ClusterMeta, METADATA_GROUP};
 use crate::command::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOutcome,
     LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest, ReclaimedLease, ReleaseReceipt,
@@ -161,6 +162,8 @@ pub struct LeaseStateMachine {
     inactive: VecDeque<(u32, u64)>,
     inactive_count: u64,
     dedup: DedupTable,
+    /// The cluster metadata (empty except in the metadata group).
+    cluster: ClusterMeta,
     hash_builder: HashBuilder,
     /// Reusable buffer for hashing request keys; not state.
     scratch: Vec<u8>,
@@ -187,6 +190,7 @@ impl LeaseStateMachine {
             inactive: VecDeque::new(),
             inactive_count: 0,
             dedup: DedupTable::new(hash_builder.clone()),
+            cluster: ClusterMeta::default(),
             hash_builder,
             scratch: Vec::with_capacity(256),
             negative_control: options.negative_control,
@@ -204,7 +208,12 @@ impl LeaseStateMachine {
         self.group_id
     }
 
-    /// The limits in force.
+    /// The cluster metadata (empty except in the metadata group).
+    pub fn cluster(&self) -> &ClusterMeta {
+        &self.cluster
+    }
+
+    /// The group's limits.
     pub fn limits(&self) -> &GroupLimits {
         &self.limits
     }
@@ -279,6 +288,20 @@ impl LeaseStateMachine {
             Command::SetGroupLimits(limits) => {
                 let result = limits.validate().map(|()| self.limits = limits.clone());
                 (CommandResult::Config(result), 1)
+            }
+            Command::Cluster(op) => {
+                let result = if self.group_id == METADATA_GROUP {
+                    self.cluster.apply(op, now_ms)
+                } else {
+                    Err(ClusterError::Invalid {
+                        field: "group".into(),
+                        reason: format!(
+                            "cluster metadata lives in group {METADATA_GROUP}, not {}",
+                            self.group_id
+                        ),
+                    })
+                };
+                (CommandResult::Cluster(result), 1)
             }
         };
         let budget = GC_BUDGET_BASE + 2 * (items + reclaimed.len());
@@ -1015,6 +1038,15 @@ impl LeaseStateMachine {
 
     /// Checks every internal invariant with a full scan. For tests and debugging: O(n).
     pub fn check_invariants(&self) -> Result<(), String> {
+        self.cluster
+            .check()
+            .map_err(|err| format!("cluster metadata: {err}"))?;
+        if self.group_id != METADATA_GROUP && self.cluster != ClusterMeta::default() {
+            return Err(format!(
+                "cluster metadata in group {}, not the metadata group",
+                self.group_id
+            ));
+        }
         let mut active_per_tenant = vec![0u64; self.tenants.len()];
         let mut active = 0usize;
         let mut inactive = 0u64;

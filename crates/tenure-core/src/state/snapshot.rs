@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! "TENURESN"                 8 bytes magic
-//! format_version             u32 little-endian (currently 2)
+//! format_version             u32 little-endian (currently 4)
 //! frame*                     u32 little-endian length, then that many bytes of postcard
 //!   Meta                     counts of everything below, limits, counters, log time
 //!   TenantState   x tenants  in tenant-index order
@@ -13,6 +13,8 @@
 //!                            full identity (tenant, resource, request id) as three strings
 //!                            (version 1 had only a 128-bit hash of it, so a version 1 snapshot
 //!                            cannot be read: its records cannot be matched on identity)
+//!   ClusterMeta              (version 4) the cluster metadata: node table, revoked
+//!                            certificates, leader preferences (empty outside the metadata group)
 //! checksum                   u64 little-endian XXH3-64 of every byte before it
 //! ```
 //!
@@ -29,6 +31,7 @@ use xxhash_rust::xxh3::Xxh3Default;
 
 use super::dedup::DedupRecord;
 use super::{LeaseRecord, LeaseStateMachine, RecordStatus, StateOptions, TenantState};
+use crate::cluster::ClusterMeta;
 use crate::ids::GroupId;
 use crate::limits::GroupLimits;
 use crate::validate::{validate_holder_id, validate_resource_id, validate_tenant_id};
@@ -38,9 +41,11 @@ use crate::validate::{validate_holder_id, validate_resource_id, validate_tenant_
 /// - 2: request-id records carry their full identity instead of a hash of it.
 /// - 3: the same layout; a request-id record's outcome may be `LeaseReply::Transferred` (an
 ///   appended variant a version-2 reader cannot decode), so older builds refuse it by version.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
+/// - 4: a last frame before the checksum carries the cluster metadata (group 0's node table);
+///   versions 2 and 3 are read with an empty table.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
 
-/// The oldest snapshot format this build reads (2 and 3 share their layout).
+/// The oldest snapshot format this build reads (2 and 3 share their layout; 4 adds a frame).
 pub const SNAPSHOT_FORMAT_VERSION_MIN: u32 = 2;
 
 const MAGIC: &[u8; 8] = b"TENURESN";
@@ -235,6 +240,7 @@ impl LeaseStateMachine {
         for record in self.dedup.iter_ring() {
             out.frame(record)?;
         }
+        out.frame(&self.cluster)?;
         let checksum = out.hasher.digest();
         out.inner
             .write_all(&checksum.to_le_bytes())
@@ -388,6 +394,13 @@ impl LeaseStateMachine {
         for _ in 0..meta.dedup_ring {
             let record: DedupRecord = input.frame("dedup record")?;
             state.dedup.push_restored(record);
+        }
+        if version >= 4 {
+            let cluster: ClusterMeta = input.frame("cluster metadata")?;
+            cluster
+                .check()
+                .map_err(|err| corrupt(format!("cluster metadata: {err}")))?;
+            state.cluster = cluster;
         }
 
         let computed = input.hasher.digest();

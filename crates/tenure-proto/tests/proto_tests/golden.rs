@@ -18,8 +18,9 @@ use std::path::Path;
 
 use bytes::{Bytes, BytesMut};
 use tenure_core::{
-    AcquireRequest, ErrorCode, GroupId, LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply,
-    LeaseStatus, LeaseView, ListPage, ListRequest, OverloadReason, QuotaKind, ReleaseReceipt,
+    AcquireRequest, ClusterChange, ClusterMeta, ClusterOp, ErrorCode, GroupId, LeaseError,
+    LeaseGrant, LeaseId, LeaseOp, LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest,
+    NodeAddresses, NodeRecord, NodeState, OverloadReason, QuotaKind, ReleaseReceipt,
     ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey, TransferReceipt,
     TransferRequest,
 };
@@ -303,9 +304,90 @@ fn requests() -> Vec<(&'static str, Request)> {
                 },
             ),
         ),
+        ("cluster_nodes", request(17, RequestBody::ClusterNodes)),
+        (
+            "cluster_add_node",
+            request(
+                18,
+                RequestBody::ClusterChange(ClusterOp::AddNode(NodeAddresses {
+                    node_id: 4,
+                    addr: "127.0.0.1:7404".into(),
+                    http_addr: "127.0.0.1:7504".into(),
+                })),
+            ),
+        ),
+        (
+            "cluster_node_up",
+            request(
+                19,
+                RequestBody::ClusterChange(ClusterOp::NodeUp {
+                    node: NodeAddresses {
+                        node_id: 4,
+                        addr: "127.0.0.1:7404".into(),
+                        http_addr: "127.0.0.1:7504".into(),
+                    },
+                    cert_sha256: [0xab; 32],
+                    incarnation: 1_764_000_000_000,
+                }),
+            ),
+        ),
+        (
+            "cluster_drain",
+            request(
+                20,
+                RequestBody::ClusterChange(ClusterOp::SetState {
+                    node_id: 2,
+                    state: NodeState::Draining,
+                }),
+            ),
+        ),
+        (
+            "cluster_remove",
+            request(
+                21,
+                RequestBody::ClusterChange(ClusterOp::Remove { node_id: 2 }),
+            ),
+        ),
         ("acquire_forwarded_claimed", forwarded),
         ("get_forward_stale", stale_get),
     ]
+}
+
+/// A node table with a node in every state, a revoked certificate and a preferred leader.
+fn cluster_meta() -> ClusterMeta {
+    let mut meta = ClusterMeta {
+        version: 6,
+        ..ClusterMeta::default()
+    };
+    let states = [
+        NodeState::Active,
+        NodeState::Joining,
+        NodeState::Draining,
+        NodeState::Dead,
+        NodeState::Removed,
+    ];
+    for (index, state) in (1u8..).zip(states) {
+        let node_id = u64::from(index);
+        meta.nodes.insert(
+            node_id,
+            NodeRecord {
+                node_id,
+                addr: format!("127.0.0.1:740{node_id}"),
+                http_addr: format!("127.0.0.1:750{node_id}"),
+                state,
+                cert_sha256: (state != NodeState::Joining).then_some([index; 32]),
+                incarnation: if state == NodeState::Joining {
+                    0
+                } else {
+                    1_764_000_000_000 + node_id
+                },
+                changed_at_ms: 1_000 * node_id,
+            },
+        );
+    }
+    meta.revoked.insert([5; 32], 5);
+    meta.leader_preferences.insert(7, 1);
+    meta
 }
 
 /// Every response kind, and an error response with every optional field set.
@@ -365,6 +447,7 @@ fn responses() -> Vec<(&'static str, Response)> {
                             term: 0,
                         },
                     ],
+                    nodes_version: 9,
                 }),
             ),
         ),
@@ -512,6 +595,17 @@ fn responses() -> Vec<(&'static str, Response)> {
                 ResponseBody::Replica(ReplicaChange {
                     group_id: 7,
                     node_id: 4,
+                    changed: true,
+                }),
+            ),
+        ),
+        ("cluster", ok(16, ResponseBody::Cluster(cluster_meta()))),
+        (
+            "cluster_changed",
+            ok(
+                17,
+                ResponseBody::ClusterChanged(ClusterChange {
+                    version: 5,
                     changed: true,
                 }),
             ),

@@ -1,12 +1,13 @@
 //! The leader balancer: hands each group this node leads to its preferred leader once that node
 //! has been connected for two rounds and is caught up, so each node leads about groups/nodes of
-//! them after start and after a node returns.
+//! them after start and after a node returns. The preferred leader is the placement
+//! controller's choice in the node table (`leader_preferences`), else the configured layout's
+//! first replica; only an active node that holds a voting replica is handed leadership.
 //!
 //! Must not depend on: the request path.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tracing::info;
@@ -25,14 +26,10 @@ pub(crate) async fn run_balancer(shared: Arc<NodeShared>) {
     // A node must have been connected for two whole rounds before groups move to it, so a node
     // that is shutting down (or flapping) is not handed leadership back.
     let mut connected_rounds: HashMap<u64, u32> = HashMap::new();
-    let mut ticker = tokio::time::interval(Duration::from_millis(interval_ms));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        if shared.shutting_down.load(Ordering::SeqCst) {
-            return;
-        }
-        for &peer in &shared.node_ids {
+    let mut rounds = super::Rounds::every(Duration::from_millis(interval_ms));
+    while rounds.next(&shared).await {
+        let view = shared.cluster_view();
+        for peer in shared.member_nodes() {
             if peer == node_id {
                 continue;
             }
@@ -48,14 +45,21 @@ pub(crate) async fn run_balancer(shared: Arc<NodeShared>) {
             if moved >= 16 || !handle.is_ready_leader() {
                 continue;
             }
-            let replicas = replicas_of(
-                handle.group_id(),
-                &shared.node_ids,
-                shared.config.replication_factor,
-            );
-            let Some(&preferred) = replicas.first() else {
-                continue;
+            let group = handle.group_id();
+            let preferred = match view.leader_preferences.get(&group) {
+                Some(&node) => node,
+                None => {
+                    let replicas =
+                        replicas_of(group, &shared.node_ids, shared.config.replication_factor);
+                    let Some(&first) = replicas.first() else {
+                        continue;
+                    };
+                    first
+                }
             };
+            if !shared.hosts_replicas(preferred) {
+                continue;
+            }
             if preferred == node_id || connected_rounds.get(&preferred).copied().unwrap_or(0) < 2 {
                 continue;
             }

@@ -21,7 +21,7 @@ pub(crate) async fn run_leader_exchange(shared: Arc<NodeShared>) {
         if shared.hosts_every_group() {
             continue;
         }
-        for &peer in &shared.node_ids {
+        for peer in shared.member_nodes() {
             if peer == shared.config.node_id {
                 continue;
             }

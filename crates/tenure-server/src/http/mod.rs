@@ -316,6 +316,7 @@ impl AppState {
             },
             timeout: caller.timeout,
             peer_node: None,
+            peer_cert_sha256: None,
         };
         let op = body.op_name();
         let wait = caller.timeout.saturating_add(TIMEOUT_GRACE);

@@ -125,6 +125,7 @@ impl Backend for Fake {
                     groups: self.groups,
                     nodes: Vec::new(),
                     leaders: Vec::new(),
+                    nodes_version: 0,
                 })),
                 RequestBody::List { group_id, request } => self.list(group_id, &request),
                 _ => {

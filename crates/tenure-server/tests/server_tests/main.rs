@@ -8,6 +8,7 @@ mod cluster_faults;
 mod cluster_lifecycle;
 mod config_cli;
 mod dev_cluster;
+mod elastic;
 mod forwarding_lanes;
 mod http_api;
 mod http_slowloris;

@@ -35,9 +35,9 @@ use openraft::testing::log_id;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tenure_core::{
-    AcquireRequest, Command, Entry, GroupId, GroupLimits, LeaseId, LeaseOp, LeaseStateMachine,
-    ReleaseRequest, RenewRequest, ResourceKey, SNAPSHOT_FORMAT_VERSION, StateOptions, TenantPolicy,
-    TransferRequest,
+    AcquireRequest, ClusterOp, Command, CommandResult, Entry, GroupId, GroupLimits, LeaseId,
+    LeaseOp, LeaseStateMachine, NodeAddresses, NodeState, ReleaseRequest, RenewRequest,
+    ResourceKey, SNAPSHOT_FORMAT_VERSION, StateOptions, TenantPolicy, TransferRequest,
 };
 use tenure_golden::Golden;
 use tenure_storage::{LogEntry, TenureRaft, codec};
@@ -181,7 +181,68 @@ fn commands() -> Vec<(&'static str, Command)> {
         // Added with LeaseOp::Transfer (value format 2), last so that every earlier entry keeps
         // its log id and payload bytes.
         ("lease_transfer", Command::Lease(transfer("db", 1, "req-7"))),
+        // Added with the cluster node table (snapshot format 4, client protocol 5), last again.
+        (
+            "cluster_node_up",
+            Command::Cluster(ClusterOp::NodeUp {
+                node: node_addresses(4),
+                cert_sha256: [0xab; 32],
+                incarnation: 1_764_000_000_000,
+            }),
+        ),
     ]
+}
+
+fn node_addresses(node_id: u64) -> NodeAddresses {
+    NodeAddresses {
+        node_id,
+        addr: format!("127.0.0.1:740{node_id}"),
+        http_addr: format!("127.0.0.1:750{node_id}"),
+    }
+}
+
+/// The metadata group's state: the table recorded with nodes 1-3, node 4 added and reported,
+/// node 3 reported, drained and removed (its certificate revoked), preferred leaders set.
+fn metadata_group_state() -> LeaseStateMachine {
+    let mut machine = LeaseStateMachine::new(GroupId(0), StateOptions::default());
+    let steps = [
+        Command::SetGroupLimits(GroupLimits::default()),
+        Command::Cluster(ClusterOp::Record {
+            nodes: (1..=3).map(node_addresses).collect(),
+        }),
+        Command::Cluster(ClusterOp::AddNode(node_addresses(4))),
+        Command::Cluster(ClusterOp::NodeUp {
+            node: node_addresses(4),
+            cert_sha256: [4; 32],
+            incarnation: 1_764_000_000_004,
+        }),
+        Command::Cluster(ClusterOp::NodeUp {
+            node: node_addresses(3),
+            cert_sha256: [3; 32],
+            incarnation: 1_764_000_000_003,
+        }),
+        Command::Cluster(ClusterOp::SetState {
+            node_id: 3,
+            state: NodeState::Draining,
+        }),
+        Command::Cluster(ClusterOp::Remove { node_id: 3 }),
+        Command::Cluster(ClusterOp::SetLeaderPreferences {
+            preferences: vec![(0, 1), (1, 4), (2, 2)],
+        }),
+        Command::Lease(acquire("db", "req-1")),
+    ];
+    for (step, command) in steps.into_iter().enumerate() {
+        let log_time_ms = 1_764_000_000_000 + 1_000 * u64::try_from(step).unwrap();
+        let output = machine.apply(&Entry {
+            log_time_ms,
+            command,
+        });
+        if let CommandResult::Cluster(result) = &output.result {
+            assert!(result.is_ok(), "step {step}: {result:?}");
+        }
+    }
+    assert_eq!(machine.cluster().version, 7);
+    machine
 }
 
 fn membership() -> Membership<u64, BasicNode> {
@@ -509,6 +570,32 @@ fn snapshot_bytes_are_pinned() {
         ),
         Err(error) => golden.failure(format!(
             "legacy_v2_snapshot_small_state: a format-2 snapshot no longer reads: {error}"
+        )),
+    }
+    // A snapshot written by format 3 (before the node table) is read with an empty table.
+    let legacy = golden.legacy("legacy_v3_snapshot_small_state");
+    match LeaseStateMachine::read_snapshot(legacy.as_slice(), StateOptions::default()) {
+        Ok(restored) => assert_eq!(
+            restored.snapshot_to_vec(),
+            machine.snapshot_to_vec(),
+            "the format-3 snapshot restores the same state"
+        ),
+        Err(error) => golden.failure(format!(
+            "legacy_v3_snapshot_small_state: a format-3 snapshot no longer reads: {error}"
+        )),
+    }
+    let metadata = metadata_group_state();
+    let committed = golden.bytes("snapshot_metadata_group", &metadata.snapshot_to_vec());
+    match LeaseStateMachine::read_snapshot(committed.as_slice(), StateOptions::default()) {
+        Ok(restored) if restored.snapshot_to_vec() == committed => {
+            assert_eq!(restored.cluster(), metadata.cluster());
+        }
+        Ok(_) => golden.failure(
+            "snapshot_metadata_group: restoring and snapshotting again changed the bytes"
+                .to_owned(),
+        ),
+        Err(error) => golden.failure(format!(
+            "snapshot_metadata_group: the committed snapshot no longer reads: {error}"
         )),
     }
     let after_transfer = state_after_transfer();

@@ -1,0 +1,380 @@
+//! The cluster's node table on this node: the view it follows, what follows the view (transport
+//! peers, forwarding targets, certificate revocation, which connections are nodes), and the
+//! node-table requests.
+//!
+//! The table lives in the metadata group's (group 0's) replicated state
+//! (`tenure_core::ClusterMeta`). A node hosting a replica of group 0 reads it from its replica; the
+//! others ask a node for it (`ClusterNodes`) every second (`background::cluster_sync`). Views only
+//! move forward (a higher `version` replaces a lower one). Changes go to group 0's leader:
+//! operators' `AddNode`, `SetState` (drain) and `Remove` through `ClusterChange` (forwarded there
+//! when asked); a node's own `NodeUp` straight from the node, over its node certificate; the
+//! controller's `SetState { Dead }` and leader preferences locally on the leader.
+//!
+//! Before the table was recorded (version 0: a new cluster's first seconds, or an existing
+//! cluster's first start with this build, until its group 0 leader records the configured peers)
+//! the configured `peers` are the members.
+//!
+//! Must not depend on: the request path's routing of lease operations, the background loops (they
+//! build on this).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure_core::{
+    ClusterChange, ClusterMeta, ClusterOp, Command, CommandResult, ErrorCode, METADATA_GROUP,
+    NodeState,
+};
+use tenure_proto::client::{RequestBody, ResponseBody, WireError};
+use tracing::{info, warn};
+
+use crate::membership::node_principal;
+use crate::request::RequestContext;
+use crate::shared::NodeShared;
+
+/// The transport's say on peer certificates: a removed node, or a revoked certificate, is
+/// refused on both sides of a peer connection. Holds the node weakly (the node holds the
+/// transport, which holds this).
+pub(crate) struct NodeTableAdmission {
+    shared: std::sync::Weak<NodeShared>,
+}
+
+impl NodeTableAdmission {
+    pub(crate) fn new(shared: &Arc<NodeShared>) -> Self {
+        NodeTableAdmission {
+            shared: Arc::downgrade(shared),
+        }
+    }
+}
+
+impl tenure_transport::PeerAdmission for NodeTableAdmission {
+    fn admit(&self, node_id: u64, cert_sha256: &[u8; 32]) -> Result<(), String> {
+        let Some(shared) = self.shared.upgrade() else {
+            return Ok(());
+        };
+        let view = shared.cluster_view();
+        if let Some(owner) = view.revoked.get(cert_sha256) {
+            return Err(format!(
+                "this certificate was revoked (node {owner} was removed from the cluster)"
+            ));
+        }
+        if view
+            .node(node_id)
+            .is_some_and(|record| record.state == NodeState::Removed)
+        {
+            return Err(format!("node {node_id} was removed from the cluster"));
+        }
+        Ok(())
+    }
+}
+
+/// How long one node-table call to another node may take.
+const CLUSTER_CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// `NOT_LEADER` hints a node-table call follows at most.
+const LEADER_HOPS_MAX: usize = 3;
+
+fn unavailable(message: impl Into<String>) -> WireError {
+    WireError::new(ErrorCode::Unavailable, message)
+}
+
+impl NodeShared {
+    /// The node table as this node knows it.
+    pub(crate) fn cluster_view(&self) -> Arc<ClusterMeta> {
+        self.cluster
+            .read()
+            .map(|view| view.clone())
+            .unwrap_or_default()
+    }
+
+    /// Takes `meta` when it is newer than the view, and makes the transport, the forwarder and
+    /// the certificate checks follow it. Returns whether it was taken.
+    pub(crate) fn adopt_cluster_view(&self, meta: ClusterMeta) -> bool {
+        {
+            let Ok(mut view) = self.cluster.write() else {
+                return false;
+            };
+            if meta.version <= view.version {
+                return false;
+            }
+            info!(
+                node = self.config.node_id,
+                version = meta.version,
+                nodes = ?meta.nodes.values().map(|n| (n.node_id, n.state.as_str())).collect::<Vec<_>>(),
+                "cluster node table"
+            );
+            *view = Arc::new(meta);
+        }
+        self.follow_cluster_view();
+        true
+    }
+
+    /// Makes peers, forwarding targets and live connections match the view.
+    fn follow_cluster_view(&self) {
+        let view = self.cluster_view();
+        let me = self.config.node_id;
+        for record in view.nodes.values() {
+            if record.node_id == me {
+                continue;
+            }
+            if record.state == NodeState::Removed {
+                self.transport.remove_peer(record.node_id);
+                self.forwarder.remove_node(record.node_id);
+                continue;
+            }
+            match record.addr.parse::<SocketAddr>() {
+                Ok(addr) => {
+                    self.transport.add_peer(record.node_id, addr);
+                    self.forwarder.set_node(record.node_id, addr);
+                }
+                Err(error) => warn!(
+                    node = record.node_id,
+                    addr = record.addr,
+                    "node table address does not parse: {error}"
+                ),
+            }
+        }
+    }
+
+    /// The nodes that are members now (every node in the table but removed ones; before the
+    /// table was recorded, the configured peers), ascending.
+    pub(crate) fn member_nodes(&self) -> Vec<u64> {
+        let view = self.cluster_view();
+        if view.version == 0 {
+            return self.node_ids.clone();
+        }
+        view.nodes
+            .values()
+            .filter(|node| node.state.is_member())
+            .map(|node| node.node_id)
+            .collect()
+    }
+
+    /// Whether `node` may receive replicas: active in the table (any configured peer before
+    /// the table was recorded).
+    pub(crate) fn hosts_replicas(&self, node: u64) -> bool {
+        let view = self.cluster_view();
+        if view.version == 0 {
+            return self.node_ids.contains(&node);
+        }
+        view.node(node)
+            .is_some_and(|record| record.state == NodeState::Active)
+    }
+
+    /// `node`'s QUIC and HTTP addresses (the table's, else the configuration's).
+    pub(crate) fn node_addresses(&self, node: u64) -> Option<(SocketAddr, SocketAddr)> {
+        let view = self.cluster_view();
+        if let Some(record) = view.node(node).filter(|r| r.state.is_member()) {
+            if let (Ok(addr), Ok(http)) = (record.addr.parse(), record.http_addr.parse()) {
+                return Some((addr, http));
+            }
+        }
+        if view.node(node).is_some() {
+            return None;
+        }
+        self.config
+            .peers
+            .get(&node)
+            .map(|peer| (peer.addr, peer.http_addr))
+    }
+
+    /// Whether a certificate (by SHA-256) was revoked.
+    pub(crate) fn is_revoked(&self, cert_sha256: &[u8; 32]) -> bool {
+        self.cluster_view().is_revoked(cert_sha256)
+    }
+
+    /// Operators, and cluster nodes acting for themselves (the placement controller).
+    pub(crate) fn check_operator_or_node(&self, ctx: &RequestContext) -> Result<(), WireError> {
+        if let Some(peer) = ctx.peer_node {
+            if ctx.principal == node_principal(peer) {
+                return Ok(());
+            }
+        }
+        self.auth
+            .check_operator(&ctx.principal, ctx.flags.principal_claimed)
+    }
+
+    /// Applies `op` through this node's replica of the metadata group, which must be its ready
+    /// leader (`NOT_LEADER` otherwise).
+    pub(crate) async fn propose_cluster_change(
+        &self,
+        op: ClusterOp,
+    ) -> Result<ClusterChange, WireError> {
+        let Some(handle) = self
+            .group(METADATA_GROUP.0)
+            .filter(|handle| handle.is_ready_leader())
+        else {
+            return Err(self.not_leader(METADATA_GROUP.0));
+        };
+        let output = handle.propose_command(Command::Cluster(op)).await?;
+        let change = match output.result {
+            CommandResult::Cluster(result) => result.map_err(WireError::from_cluster_error)?,
+            other => {
+                return Err(WireError::new(
+                    ErrorCode::Internal,
+                    format!("a cluster change applied as {other:?}"),
+                ));
+            }
+        };
+        // The leader's own view follows at once (the sync task would within a second).
+        self.adopt_cluster_view(handle.cluster_meta());
+        Ok(change)
+    }
+
+    /// Applies `op` at the metadata group's leader, from this node: locally when it leads,
+    /// else straight to the leader (following its `NOT_LEADER` hints), as this node.
+    pub(crate) async fn cluster_change_from_here(
+        &self,
+        op: ClusterOp,
+    ) -> Result<ClusterChange, WireError> {
+        let mut target = self.leader_of(METADATA_GROUP.0).leader;
+        let mut last_error = unavailable("the metadata group's leader is not known");
+        for _ in 0..LEADER_HOPS_MAX {
+            let Some(leader) = target else {
+                break;
+            };
+            let answer = if leader == self.config.node_id {
+                self.propose_cluster_change(op.clone()).await
+            } else {
+                match self
+                    .ask_node(
+                        leader,
+                        RequestBody::ClusterChange(op.clone()),
+                        CLUSTER_CALL_TIMEOUT,
+                    )
+                    .await
+                {
+                    Ok(ResponseBody::ClusterChanged(change)) => Ok(change),
+                    Ok(other) => Err(unavailable(format!(
+                        "node {leader} answered {} to a cluster change",
+                        other.kind_name()
+                    ))),
+                    Err(error) => Err(error),
+                }
+            };
+            match answer {
+                Ok(change) => return Ok(change),
+                Err(error) if error.code == ErrorCode::NotLeader => {
+                    target = error
+                        .leader_hint
+                        .as_ref()
+                        .map(|hint| hint.node_id)
+                        .filter(|&next| Some(next) != target);
+                    last_error = error;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last_error)
+    }
+
+    /// `ClusterChange` from a client or a node.
+    pub(crate) async fn cluster_change_request(
+        &self,
+        op: ClusterOp,
+        ctx: &RequestContext,
+    ) -> Result<ResponseBody, WireError> {
+        match &op {
+            ClusterOp::AddNode(_) | ClusterOp::SetState { .. } | ClusterOp::Remove { .. } => {
+                self.auth
+                    .check_operator(&ctx.principal, ctx.flags.principal_claimed)?;
+                if let ClusterOp::SetState { state, .. } = &op {
+                    if !matches!(state, NodeState::Draining | NodeState::Active) {
+                        return Err(WireError::new(
+                            ErrorCode::InvalidArgument,
+                            "operators drain a node or take a drain back; `Dead` is the \
+                             placement controller's conclusion",
+                        ));
+                    }
+                }
+            }
+            ClusterOp::NodeUp {
+                node, cert_sha256, ..
+            } => {
+                // Only the node itself, with the certificate it reports.
+                if ctx.peer_node != Some(node.node_id)
+                    || ctx.peer_cert_sha256.as_ref() != Some(cert_sha256)
+                {
+                    return Err(WireError::new(
+                        ErrorCode::Forbidden,
+                        format!(
+                            "only node {} itself reports itself, over the certificate it names",
+                            node.node_id
+                        ),
+                    ));
+                }
+                return self
+                    .propose_cluster_change(op)
+                    .await
+                    .map(ResponseBody::ClusterChanged);
+            }
+            ClusterOp::Record { .. } | ClusterOp::SetLeaderPreferences { .. } => {
+                return Err(WireError::new(
+                    ErrorCode::Forbidden,
+                    "the node table is recorded and leader preferences are set by the \
+                     metadata group's leader itself",
+                ));
+            }
+        }
+        let local = self
+            .group(METADATA_GROUP.0)
+            .is_some_and(|handle| handle.is_ready_leader());
+        if local {
+            return self
+                .propose_cluster_change(op)
+                .await
+                .map(ResponseBody::ClusterChanged);
+        }
+        self.forward_to_leader(METADATA_GROUP.0, RequestBody::ClusterChange(op), ctx)
+            .await
+    }
+
+    /// Sends `body` on to `group`'s leader when the request asks for forwarding and the leader
+    /// is another known node; `NOT_LEADER` otherwise.
+    pub(crate) async fn forward_to_leader(
+        &self,
+        group: u32,
+        body: RequestBody,
+        ctx: &RequestContext,
+    ) -> Result<ResponseBody, WireError> {
+        match self.leader_of(group).leader {
+            Some(leader) if ctx.flags.forward && leader != self.config.node_id => {
+                self.forwarder
+                    .forward(leader, &ctx.principal, ctx.flags, body, ctx.timeout)
+                    .await
+            }
+            _ => Err(self.not_leader(group)),
+        }
+    }
+
+    /// Asks the other nodes, the metadata group's leader first, for their node table, until one
+    /// answers; takes it when newer.
+    pub(crate) async fn fetch_cluster_view(&self) {
+        let me = self.config.node_id;
+        let mut order: Vec<u64> = Vec::new();
+        if let Some(leader) = self.leader_of(METADATA_GROUP.0).leader {
+            order.push(leader);
+        }
+        let known: BTreeSet<u64> = self
+            .member_nodes()
+            .into_iter()
+            .chain(self.config.peers.keys().copied())
+            .collect();
+        order.extend(known);
+        let mut asked = BTreeSet::new();
+        for node in order {
+            if node == me || !asked.insert(node) {
+                continue;
+            }
+            let answer = self
+                .ask_node(node, RequestBody::ClusterNodes, CLUSTER_CALL_TIMEOUT)
+                .await;
+            if let Ok(ResponseBody::Cluster(meta)) = answer {
+                if meta.version > 0 {
+                    self.adopt_cluster_view(meta);
+                    return;
+                }
+            }
+        }
+    }
+}
