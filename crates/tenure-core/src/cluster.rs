@@ -14,7 +14,8 @@
 //! observes that and writes its conclusion, `Dead`, through the log).
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+// Address parsing only (`core::net`: no sockets, no I/O).
+use core::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -284,7 +285,9 @@ impl ClusterMeta {
             ClusterOp::AddNode(node) => {
                 check_addresses(node)?;
                 if let Some(existing) = self.nodes.get(&node.node_id) {
-                    if existing.state == NodeState::Joining
+                    // A repeated announcement (a retry after a lost answer) is a no-op, also
+                    // once the node reported itself.
+                    if existing.state != NodeState::Removed
                         && existing.addr == node.addr
                         && existing.http_addr == node.http_addr
                     {
@@ -385,11 +388,13 @@ impl ClusterMeta {
                 if record.state == *state {
                     return Ok(false);
                 }
+                // Only an active node is declared dead: a draining one is emptied anyway, and
+                // keeping it `Draining` keeps the operator's intent when it comes back.
                 let allowed = matches!(
                     (record.state, *state),
                     (NodeState::Active, NodeState::Draining)
                         | (NodeState::Draining, NodeState::Active)
-                        | (NodeState::Active | NodeState::Draining, NodeState::Dead)
+                        | (NodeState::Active, NodeState::Dead)
                         | (NodeState::Dead, NodeState::Draining)
                 );
                 if !allowed {
@@ -411,8 +416,19 @@ impl ClusterMeta {
                     .nodes
                     .get_mut(node_id)
                     .ok_or_else(|| not_found(*node_id))?;
-                if record.state == NodeState::Removed {
-                    return Ok(false);
+                match record.state {
+                    NodeState::Removed => return Ok(false),
+                    NodeState::Active => {
+                        return Err(failed(
+                            "state",
+                            format!(
+                                "node {node_id} is active: drain it first (it may hold \
+                                 replicas); a node that is gone for good is removed once it \
+                                 is dead"
+                            ),
+                        ));
+                    }
+                    NodeState::Joining | NodeState::Draining | NodeState::Dead => {}
                 }
                 record.state = NodeState::Removed;
                 record.changed_at_ms = now_ms;
@@ -609,6 +625,8 @@ mod tests {
     #[test]
     fn dead_nodes_come_back_by_reporting_themselves() {
         let mut meta = recorded();
+        // An active node cannot be removed without a drain (or being dead).
+        assert!(meta.apply(&ClusterOp::Remove { node_id: 2 }, 15).is_err());
         let dead = ClusterOp::SetState {
             node_id: 2,
             state: NodeState::Dead,

@@ -37,7 +37,11 @@ pub const PEER_MAGIC: [u8; 4] = *b"TNRP";
 /// - 2: log entries may carry `tenure-core`'s `LeaseOp::Transfer` (and request-id records in
 ///   snapshots its reply), which a version-1 node cannot decode: the two refuse each other at
 ///   `Hello` instead of failing mid-replication.
-pub const PEER_PROTOCOL_VERSION: u16 = 2;
+/// - 3: log entries may carry `tenure-core`'s `Command::Cluster` (the node table, proposed in
+///   group 0 as soon as a node of this build leads it) and snapshots are format 4, neither of
+///   which a version-2 node can decode: the two refuse each other at `Hello` (an upgrade to
+///   version 3 is a full-cluster restart).
+pub const PEER_PROTOCOL_VERSION: u16 = 3;
 
 /// Longest cluster name a `Hello` may carry, in bytes.
 pub const CLUSTER_NAME_BYTES_MAX: usize = 64;

@@ -1,5 +1,5 @@
 //! The QUIC side of the native client protocol (`tenure_proto::client`): connections arrive
-//! from the transport's endpoint (ALPN `tenure-client/4`); each bidirectional stream carries
+//! from the transport's endpoint (ALPN `tenure-client/5`); each bidirectional stream carries
 //! request frames one way and response frames the other. Requests of a connection run
 //! concurrently; every response ready when a stream's writer wakes goes into one frame.
 //!
@@ -201,8 +201,8 @@ impl ClientAcceptor for ClientServer {
             connection.close(CLOSE_UNAVAILABLE.into(), b"node is stopping");
             return;
         };
-        let members = inner.member_nodes();
-        let cert_sha256 = tenure_transport::peer_certificate_sha256(connection.peer_identity());
+        let node_cert = NodeCert::of(&connection);
+        let cert_sha256 = node_cert.as_ref().map(|cert| cert.sha256);
         if let Some(cert) = &cert_sha256 {
             if inner.is_revoked(cert) {
                 debug!(remote = %connection.remote_address(), "refused a connection: revoked certificate");
@@ -214,13 +214,17 @@ impl ClientAcceptor for ClientServer {
             }
         }
         let service = Service { inner };
-        let (identity, slot) = match node_identity(&connection, &members) {
-            Some(node) => {
-                debug!(node, remote = %connection.remote_address(), "forwarding node connected");
+        let (identity, slot) = match node_cert {
+            Some(cert) => {
+                debug!(
+                    node = ?cert.node_now(&service.inner),
+                    remote = %connection.remote_address(),
+                    "forwarding node connected"
+                );
                 connection.set_max_concurrent_bi_streams(NODE_STREAMS_MAX.into());
                 connection.set_receive_window(NODE_WINDOW_BYTES.into());
                 connection.set_send_window(u64::from(NODE_WINDOW_BYTES));
-                (Identity::Node(node), None)
+                (Identity::Node(cert), None)
             }
             None => {
                 let source = connection.remote_address().ip().to_canonical();
@@ -244,18 +248,66 @@ impl ClientAcceptor for ClientServer {
 /// Who a connection acts for.
 #[derive(Debug)]
 enum Identity {
-    /// A cluster node forwarding for the principals its requests name.
-    Node(u64),
+    /// A cluster node (a certificate of the cluster CA) forwarding for the principals its
+    /// requests name.
+    Node(NodeCert),
     /// A client; `None` until it authenticates.
     Client(Mutex<Option<Principal>>),
 }
 
-fn node_identity(connection: &quinn::Connection, members: &[u64]) -> Option<u64> {
-    connection.peer_identity()?;
-    members
-        .iter()
-        .copied()
-        .find(|&node| verify_peer_node_id(connection.peer_identity(), node).is_ok())
+/// The certificate a connection presented: any certificate the cluster CA signed is a node's
+/// (the CA issues node certificates only; the TLS handshake checked the chain). Which node, and
+/// whether it is still a member, is decided per request against the node table as it is then
+/// ([`NodeCert::node_now`]): a node removed while its connection is open loses its powers at once,
+/// and a node announced after it connected gains them.
+#[derive(Debug)]
+struct NodeCert {
+    leaf_der: Vec<u8>,
+    sha256: [u8; 32],
+    /// The node table version of the last resolution, and the node it found.
+    resolved: Mutex<Option<(u64, Option<u64>)>>,
+}
+
+impl NodeCert {
+    fn of(connection: &quinn::Connection) -> Option<Self> {
+        let chain = connection
+            .peer_identity()?
+            .downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
+            .ok()?;
+        let leaf = chain.first()?.as_ref().to_vec();
+        Some(NodeCert {
+            sha256: tenure_transport::certificate_sha256(&leaf),
+            leaf_der: leaf,
+            resolved: Mutex::new(None),
+        })
+    }
+
+    /// The member node this certificate proves now (none when its node is not a member, was
+    /// removed, or the certificate was revoked); cached per node table version.
+    fn node_now(&self, shared: &crate::shared::NodeShared) -> Option<u64> {
+        let version = shared.cluster_view().version;
+        if let Ok(resolved) = self.resolved.lock() {
+            if let Some((seen, node)) = *resolved {
+                if seen == version {
+                    return node;
+                }
+            }
+        }
+        let node = if shared.is_revoked(&self.sha256) {
+            None
+        } else {
+            shared.member_nodes().into_iter().find(|&node| {
+                let chain = vec![rustls_pki_types::CertificateDer::from(
+                    self.leaf_der.clone(),
+                )];
+                verify_peer_node_id(Some(Box::new(chain)), node).is_ok()
+            })
+        };
+        if let Ok(mut resolved) = self.resolved.lock() {
+            *resolved = Some((version, node));
+        }
+        node
+    }
 }
 
 /// A token bucket: `rate_per_s` tokens a second, at most `burst` saved.
@@ -702,8 +754,31 @@ async fn handle_request(
             return Err(error);
         }
     }
+    let node_now = match identity {
+        Identity::Node(cert) => cert.node_now(&service.inner),
+        Identity::Client(_) => None,
+    };
     let principal = match identity {
-        Identity::Node(node) => {
+        Identity::Node(_) if node_now.is_none() => {
+            // A node certificate whose node is not a member now: it may read what anyone may
+            // (to learn the node table) and nothing else.
+            if !matches!(
+                body,
+                RequestBody::Routing | RequestBody::Status | RequestBody::ClusterNodes
+            ) {
+                return Err(WireError::new(
+                    ErrorCode::Forbidden,
+                    "this node certificate's node is not a member of the cluster (not announced \
+                     yet, removed, or its certificate revoked)",
+                ));
+            }
+            Principal {
+                principal_id: String::new(),
+                tenant_id: String::new(),
+            }
+        }
+        Identity::Node(_) => {
+            let node = node_now.unwrap_or_default();
             // A forwarding node is trusted to name the principal only when it authenticated
             // that principal itself; a claim it took on trust is taken on trust here only if
             // this node is insecure too.
@@ -767,10 +842,7 @@ async fn handle_request(
                 principal,
                 flags,
                 timeout,
-                peer_node: match identity {
-                    Identity::Node(node) => Some(*node),
-                    Identity::Client(_) => None,
-                },
+                peer_node: node_now,
                 peer_cert_sha256: state.cert_sha256,
             },
             body,

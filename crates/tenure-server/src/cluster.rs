@@ -59,13 +59,16 @@ impl tenure_transport::PeerAdmission for NodeTableAdmission {
                 "this certificate was revoked (node {owner} was removed from the cluster)"
             ));
         }
-        if view
-            .node(node_id)
-            .is_some_and(|record| record.state == NodeState::Removed)
-        {
-            return Err(format!("node {node_id} was removed from the cluster"));
+        match view.node(node_id) {
+            Some(record) if record.state == NodeState::Removed => {
+                Err(format!("node {node_id} was removed from the cluster"))
+            }
+            None if view.version > 0 => Err(format!(
+                "node {node_id} is not in the cluster's node table (announce it with \
+                 `tenurectl node add` first)"
+            )),
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -81,18 +84,19 @@ fn unavailable(message: impl Into<String>) -> WireError {
 impl NodeShared {
     /// The node table as this node knows it.
     pub(crate) fn cluster_view(&self) -> Arc<ClusterMeta> {
-        self.cluster
-            .read()
-            .map(|view| view.clone())
-            .unwrap_or_default()
+        match self.cluster.read() {
+            Ok(view) => view.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
     }
 
     /// Takes `meta` when it is newer than the view, and makes the transport, the forwarder and
     /// the certificate checks follow it. Returns whether it was taken.
     pub(crate) fn adopt_cluster_view(&self, meta: ClusterMeta) -> bool {
         {
-            let Ok(mut view) = self.cluster.write() else {
-                return false;
+            let mut view = match self.cluster.write() {
+                Ok(view) => view,
+                Err(poisoned) => poisoned.into_inner(),
             };
             if meta.version <= view.version {
                 return false;
@@ -109,10 +113,23 @@ impl NodeShared {
         true
     }
 
-    /// Makes peers, forwarding targets and live connections match the view.
+    /// Makes peers, forwarding targets and live connections match the view. Serialized, and
+    /// always from the newest view (two adoptions racing must not let an older view re-add a
+    /// node a newer one removed).
     fn follow_cluster_view(&self) {
+        let _following = match self.cluster_follow.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
         let view = self.cluster_view();
         let me = self.config.node_id;
+        // Peers the table does not know (a configured peer never recorded) are not members.
+        for (peer, _) in self.transport.peers() {
+            if view.node(peer).is_none() {
+                self.transport.remove_peer(peer);
+                self.forwarder.remove_node(peer);
+            }
+        }
         for record in view.nodes.values() {
             if record.node_id == me {
                 continue;
@@ -206,6 +223,16 @@ impl NodeShared {
         else {
             return Err(self.not_leader(METADATA_GROUP.0));
         };
+        // A change the applied table refuses, or finds already made, is answered without a log
+        // entry (a node retrying a refused report must not grow the log). Apply decides again.
+        let mut trial = handle.cluster_meta();
+        let trial_time_ms = handle.applied_log_time_ms();
+        let tried = trial
+            .apply(&op, trial_time_ms)
+            .map_err(WireError::from_cluster_error)?;
+        if !tried.changed {
+            return Ok(tried);
+        }
         let output = handle.propose_command(Command::Cluster(op)).await?;
         let change = match output.result {
             CommandResult::Cluster(result) => result.map_err(WireError::from_cluster_error)?,
@@ -370,7 +397,9 @@ impl NodeShared {
                 .ask_node(node, RequestBody::ClusterNodes, CLUSTER_CALL_TIMEOUT)
                 .await;
             if let Ok(ResponseBody::Cluster(meta)) = answer {
-                if meta.version > 0 {
+                // Done once an answer is as new as this node's view (taken when newer).
+                let known = self.cluster_view().version;
+                if meta.version > 0 && meta.version >= known {
                     self.adopt_cluster_view(meta);
                     return;
                 }

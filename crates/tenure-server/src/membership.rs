@@ -418,6 +418,17 @@ async fn run_move(
         }
         return Err(error);
     }
+    // The node table may have changed during the catch-up (minutes): a node that is no longer
+    // active (draining, dead, removed) does not become a voter; its learner is taken out again.
+    if shared.cluster_view().version > 0 && !shared.hosts_replicas(to) {
+        let _ = raft
+            .change_membership(ChangeMembers::RemoveNodes([to].into()), false)
+            .await;
+        return Err(invalid(format!(
+            "group {group}: node {to} stopped being active while it caught up; the move is \
+             abandoned"
+        )));
+    }
     // The voters as they are now (the catch-up may have taken minutes).
     let mut voters = last_voter_set(&handle.members());
     voters.remove(&from);

@@ -114,6 +114,9 @@ pub const REPLICA_MOVES_INFLIGHT: &str = "tenure_replica_moves_inflight";
 /// Groups this node leads with fewer voters than the configured replication factor, or in the
 /// middle of a joint membership change.
 pub const GROUPS_UNDER_REPLICATED: &str = "tenure_groups_under_replicated";
+/// Nodes in the cluster's node table, by `state` (`joining`, `active`, `draining`, `dead`,
+/// `removed`), as this node's view has them (every node exports the same numbers).
+pub const CLUSTER_NODES: &str = "tenure_cluster_nodes";
 /// The placement controller's decisions, by `kind` (`dead`, `evacuate`, `rebalance`,
 /// `leaders`).
 pub const PLACEMENT_DECISIONS_TOTAL: &str = "tenure_placement_decisions_total";

@@ -542,6 +542,7 @@ fn shared_state(
         clock,
         fault_controls,
         cluster: std::sync::RwLock::new(Arc::default()),
+        cluster_follow: Mutex::new(()),
         cert_sha256,
         incarnation,
         config,

@@ -67,6 +67,8 @@ pub struct NodeShared {
     pub(crate) fault_controls: Option<Arc<FaultControls>>,
     /// The cluster's node table as this node knows it (`crate::cluster`).
     pub(crate) cluster: RwLock<Arc<tenure_core::ClusterMeta>>,
+    /// Serializes making the transport and the forwarder follow the table.
+    pub(crate) cluster_follow: Mutex<()>,
     /// SHA-256 of this node's certificate (reported in `NodeUp`).
     pub(crate) cert_sha256: [u8; 32],
     /// This node's data directory incarnation (its creation time; reported in `NodeUp`).

@@ -400,6 +400,13 @@ impl LeaseStateMachine {
             cluster
                 .check()
                 .map_err(|err| corrupt(format!("cluster metadata: {err}")))?;
+            if meta.group_id != crate::cluster::METADATA_GROUP && cluster != ClusterMeta::default()
+            {
+                return Err(corrupt(format!(
+                    "cluster metadata in group {}, not the metadata group",
+                    meta.group_id
+                )));
+            }
             state.cluster = cluster;
         }
 

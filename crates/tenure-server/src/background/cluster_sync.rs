@@ -16,10 +16,21 @@ use tracing::{error, info, warn};
 
 use crate::shared::NodeShared;
 
+/// Every state, for the per-state gauge.
+const NODE_STATES: [NodeState; 5] = [
+    NodeState::Joining,
+    NodeState::Active,
+    NodeState::Draining,
+    NodeState::Dead,
+    NodeState::Removed,
+];
+
 /// How often the table is read or fetched.
 const SYNC_INTERVAL: Duration = Duration::from_secs(1);
 /// Shortest time between two reports of this node.
 const REPORT_INTERVAL_MIN: Duration = Duration::from_secs(2);
+/// Every this many rounds a node whose group 0 replica does not lead asks the others too.
+const STALE_REPLICA_CHECK_ROUNDS: u64 = 10;
 /// How often a standing problem (not in the table, removed) is logged again.
 const COMPLAINT_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -28,23 +39,34 @@ pub(crate) async fn run_cluster_sync(shared: Arc<NodeShared>) {
     let me = shared.config.node_id;
     let mut rounds = super::Rounds::every(SYNC_INTERVAL);
     let mut last_report: Option<Instant> = None;
+    let mut report_every = REPORT_INTERVAL_MIN;
     let mut last_complaint: Option<Instant> = None;
+    let mut round: u64 = 0;
     while rounds.next(&shared).await {
+        round += 1;
         match shared.group(METADATA_GROUP.0) {
             Some(handle) => {
                 let meta = handle.cluster_meta();
-                if meta.version == 0
-                    && handle.is_ready_leader()
-                    && !shared.config.cluster.join_existing
-                {
+                let leads = handle.is_ready_leader();
+                if meta.version == 0 && leads && !shared.config.cluster.join_existing {
                     record_configured_peers(&shared).await;
                 } else {
                     shared.adopt_cluster_view(meta);
+                }
+                // A replica that stopped receiving group 0's log (removed from it while down,
+                // not collected yet) must not freeze the view: ask the others now and then.
+                if !leads && round % STALE_REPLICA_CHECK_ROUNDS == 0 {
+                    shared.fetch_cluster_view().await;
                 }
             }
             None => shared.fetch_cluster_view().await,
         }
         let view = shared.cluster_view();
+        for state in NODE_STATES {
+            let count = view.nodes.values().filter(|n| n.state == state).count();
+            ::metrics::gauge!(crate::metrics::CLUSTER_NODES, "state" => state.as_str())
+                .set(count as f64);
+        }
         if view.version == 0 {
             continue;
         }
@@ -73,10 +95,16 @@ pub(crate) async fn run_cluster_sync(shared: Arc<NodeShared>) {
             }
             Some(record) => {
                 if needs_report(&shared, record)
-                    && last_report.is_none_or(|at| at.elapsed() >= REPORT_INTERVAL_MIN)
+                    && last_report.is_none_or(|at| at.elapsed() >= report_every)
                 {
                     last_report = Some(Instant::now());
-                    report(&shared).await;
+                    // A refusal (another incarnation, a revoked certificate) will not change by
+                    // asking again soon: back off to the complaint interval.
+                    report_every = if report(&shared).await {
+                        REPORT_INTERVAL_MIN
+                    } else {
+                        COMPLAINT_INTERVAL
+                    };
                 }
             }
         }
@@ -104,21 +132,25 @@ fn needs_report(shared: &NodeShared, record: &NodeRecord) -> bool {
         || record.http_addr != own.http_addr
 }
 
-async fn report(shared: &NodeShared) {
+/// Reports this node; false when the table refused it (not for a transient failure).
+async fn report(shared: &NodeShared) -> bool {
     let Some(own) = own_addresses(shared) else {
-        return;
+        return true;
     };
     let op = ClusterOp::NodeUp {
         node: own,
         cert_sha256: shared.cert_sha256,
         incarnation: shared.incarnation,
     };
+    let result = shared.cluster_change_from_here(op).await;
+    let refused = matches!(&result, Err(error) if error.code == tenure_core::ErrorCode::Forbidden);
     log_change(
         shared,
-        shared.cluster_change_from_here(op).await,
+        result,
         "reported this node to the cluster's node table",
         "reporting this node to the node table failed",
     );
+    !refused
 }
 
 fn log_change(

@@ -4,8 +4,10 @@
 //!
 //! 1. **Dead nodes.** An active or draining node it could not reach for `node_dead_after_ms` is
 //!    declared `Dead` in the table (it becomes `Active` again when it reports itself).
-//! 2. **Evacuation.** A voting replica on a node that is not active (draining, dead, removed) is
-//!    moved to the active node with the fewest replicas that does not hold the group.
+//! 2. **Repair and evacuation.** A group left half-way by a move whose leader changed (a joint
+//!    configuration, a leftover learner) gets that move finished. A voting replica on a node that
+//!    is not active (dead first, then removed, then draining) is moved to the active node with
+//!    the fewest replicas that does not hold the group.
 //! 3. **Balance.** With nothing to evacuate and no move running: while the most loaded active
 //!    node holds at least two replicas more than the least loaded, one replica moves from the
 //!    first to the second (a group the second does not hold).
@@ -38,8 +40,10 @@ use crate::shared::NodeShared;
 
 /// How long the controller waits for one group's membership.
 const MEMBERS_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long one move request waits (the move itself goes on at the group's leader).
-const MOVE_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long one move request waits: longer than a move can take (its learner's catch-up is
+/// bounded by `CATCH_UP_TIMEOUT`), so the controller's count of running moves stays true.
+const MOVE_REQUEST_TIMEOUT: Duration =
+    Duration::from_secs(crate::membership::CATCH_UP_TIMEOUT.as_secs() + 60);
 
 fn decided(kind: &'static str) {
     ::metrics::counter!(m::PLACEMENT_DECISIONS_TOTAL, "kind" => kind).increment(1);
@@ -106,7 +110,8 @@ impl Controller {
         let dead_after = Duration::from_millis(shared.config.cluster.node_dead_after_ms);
         let now = Instant::now();
         for record in view.nodes.values() {
-            let watched = matches!(record.state, NodeState::Active | NodeState::Draining);
+            // A draining node is emptied whether it answers or not.
+            let watched = record.state == NodeState::Active;
             if record.node_id == me || !watched {
                 self.unreachable_since.remove(&record.node_id);
                 continue;
@@ -170,18 +175,39 @@ impl Controller {
             ::metrics::gauge!(m::NODE_LEADERS, "node" => node.to_string()).set(*count as f64);
         }
 
-        // 2. Evacuation.
+        // 2. Repair, then evacuation.
         let mut planned = replicas.clone();
         let mut evacuating = false;
         for members in &groups {
             let settled = members.voter_sets.len() == 1 && members.learners.is_empty();
-            let Some(&from) = members.voters.iter().find(|node| !active.contains(node)) else {
+            if !settled {
+                // A move that stopped half-way (its leader changed): finish it, unless a move
+                // of this controller still runs for the group (the leader joins an identical
+                // move to the running one and refuses another).
+                evacuating = true;
+                if let Some((from, to)) = repair_move(members, &active, &replicas) {
+                    self.start_move(members.group_id, from, to, "repair", "unfinished move");
+                }
+                continue;
+            }
+            // Dead voters first, then removed, then draining.
+            let from = members
+                .voters
+                .iter()
+                .filter(|node| !active.contains(node))
+                .min_by_key(|node| {
+                    let rank = match view.node(**node).map(|record| record.state) {
+                        Some(NodeState::Dead) => 0,
+                        Some(NodeState::Removed) | None => 1,
+                        Some(_) => 2,
+                    };
+                    (rank, **node)
+                })
+                .copied();
+            let Some(from) = from else {
                 continue;
             };
             evacuating = true;
-            if !settled {
-                continue;
-            }
             let holders: BTreeSet<u64> = members
                 .voters
                 .iter()
@@ -395,6 +421,33 @@ impl Controller {
             warn!("placement: setting leader preferences failed: {error}");
         }
     }
+}
+
+/// The move that finishes a group's unfinished change: a joint configuration's old voter to its
+/// new one; a leftover learner (on an active node) takes the place of a voter that is not active,
+/// else of the busiest voter.
+fn repair_move(
+    members: &GroupMembers,
+    active: &BTreeSet<u64>,
+    replicas: &BTreeMap<u64, usize>,
+) -> Option<(u64, u64)> {
+    if let [old, new] = members.voter_sets.as_slice() {
+        let from = old.iter().find(|node| !new.contains(node))?;
+        let to = new.iter().find(|node| !old.contains(node))?;
+        return Some((*from, *to));
+    }
+    let to = *members.learners.iter().find(|node| active.contains(node))?;
+    let from = members
+        .voters
+        .iter()
+        .find(|node| !active.contains(node))
+        .or_else(|| {
+            members
+                .voters
+                .iter()
+                .max_by_key(|node| (replicas.get(node).copied().unwrap_or(0), **node))
+        })?;
+    Some((*from, to))
 }
 
 /// Asks the group's leader (or this node, when it leads) to move a replica; waits for the end.

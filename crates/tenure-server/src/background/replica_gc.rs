@@ -28,15 +28,16 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Runs the collector until the node stops.
 pub(crate) async fn run_replica_gc(shared: Arc<NodeShared>) {
     let me = shared.config.node_id;
-    let others = shared.other_nodes();
-    if others.is_empty() {
-        return;
-    }
     let mut turn: BTreeMap<u32, usize> = BTreeMap::new();
     let mut ticker = tokio::time::interval(ROUND);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        // The members now (the node table changes at run time).
+        let others = shared.other_nodes();
+        if others.is_empty() {
+            continue;
+        }
         for handle in shared.hosted() {
             // A leader is a member; an empty replica (never contacted: a learner being added
             // right now, or a layout replica of a node that lost its data) costs nothing and

@@ -1,7 +1,8 @@
 //! An elastic cluster of real node processes, with the placement controller on: it grows from 3
 //! to 5 nodes (a node announced with `AddNode`, started with a certificate from `tenure certs
 //! --ca-dir` and `join_existing`, reports itself and gets replicas until the replicas are
-//! balanced), drains and removes a node (its replicas leave, then every node refuses it), and
+//! balanced; the second one starts before it is announced, and its early connections count as a
+//! node's once it is), drains and removes a node (its replicas leave, then every node refuses it), and
 //! re-creates the replicas of a node killed for good once it was unreachable longer than
 //! `node_dead_after_ms`; the groups then survive a second kill. Every lease acquired at the start
 //! is still there, with its token, at the end.
@@ -177,17 +178,35 @@ async fn the_cluster_grows_drains_removes_and_heals_with_every_lease() {
     // Grow 3 -> 5.
     let before = replicas_per_node(&client).await.unwrap();
     println!("replicas per node before growing: {before:?}");
+    // Node 4 is announced before it starts; node 5 starts first (it connects, learns the table,
+    // finds itself missing and says so), and is announced then: its connections, made while it
+    // was nobody, count as a node's once it is in the table.
     for node in [4, 5] {
-        let (addr, http_addr) = {
-            let ports = cluster.add_node(node);
-            (ports.0.to_string(), ports.1.to_string())
-        };
+        let (addr, http_addr) = cluster.add_node(node);
+        if node == 5 {
+            let log = cluster.node(5).log_path.clone();
+            wait_for(
+                Duration::from_secs(30),
+                "node 5 to find itself missing from the node table",
+                || {
+                    let log = log.clone();
+                    async move {
+                        std::fs::read_to_string(&log)
+                            .unwrap_or_default()
+                            .contains("is not in the cluster's node table")
+                            .then_some(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        }
         change(
             &client,
             ClusterOp::AddNode(NodeAddresses {
                 node_id: node,
-                addr,
-                http_addr,
+                addr: addr.to_string(),
+                http_addr: http_addr.to_string(),
             }),
         )
         .await;
