@@ -352,28 +352,31 @@ impl Controller {
     async fn set_leader_preferences(&self, groups: &[GroupMembers], active: &BTreeSet<u64>) {
         let shared = &self.shared;
         let view = shared.cluster_view();
-        let share = groups.len().div_ceil(active.len().max(1));
+        // Every active node should prefer-lead at least `floor` groups (and about as many as
+        // the others); a node keeps its current preferences up to that, the rest go to the
+        // least assigned active voter, the current one on a tie (so a settled spread stays).
+        let floor = groups.len() / active.len().max(1);
         let mut assigned: BTreeMap<u64, usize> = active.iter().map(|&n| (n, 0)).collect();
         let mut choice: BTreeMap<u32, u64> = BTreeMap::new();
-        // Keep valid preferences while their node is within its share; a group without one
-        // starts from the configured layout's preferred node (a cluster that never changed
-        // keeps its leaders where they are).
-        for members in groups {
+        // A group without a preference starts from the configured layout's preferred node (a
+        // cluster that never changed keeps its leaders where they are).
+        let current = |members: &GroupMembers| -> Option<u64> {
             let node = match view.leader_preferences.get(&members.group_id) {
                 Some(&node) => node,
-                None => match replicas_of(
+                None => *replicas_of(
                     members.group_id,
                     &shared.node_ids,
                     shared.config.replication_factor,
                 )
-                .first()
-                {
-                    Some(&node) => node,
-                    None => continue,
-                },
+                .first()?,
             };
-            let count = assigned.get(&node).copied();
-            if members.voters.contains(&node) && active.contains(&node) && count < Some(share) {
+            (members.voters.contains(&node) && active.contains(&node)).then_some(node)
+        };
+        for members in groups {
+            let Some(node) = current(members) else {
+                continue;
+            };
+            if assigned.get(&node).copied().unwrap_or(0) < floor {
                 choice.insert(members.group_id, node);
                 *assigned.entry(node).or_insert(0) += 1;
             }
@@ -382,16 +385,43 @@ impl Controller {
             if choice.contains_key(&members.group_id) {
                 continue;
             }
+            let now = current(members);
             let best = members
                 .voters
                 .iter()
                 .filter(|node| active.contains(node))
-                .min_by_key(|node| (assigned.get(node).copied().unwrap_or(0), **node))
+                .min_by_key(|node| {
+                    let count = assigned.get(node).copied().unwrap_or(0);
+                    (count, Some(**node) != now, **node)
+                })
                 .copied();
             if let Some(node) = best {
                 choice.insert(members.group_id, node);
                 *assigned.entry(node).or_insert(0) += 1;
             }
+        }
+        // Then hand single groups from nodes above `floor` to voters below it, while any such
+        // pair exists (bounded: each step lowers the distance to the floor spread).
+        for _ in 0..groups.len() {
+            let below: Vec<u64> = active
+                .iter()
+                .copied()
+                .filter(|node| assigned.get(node).copied().unwrap_or(0) < floor)
+                .collect();
+            let step = groups.iter().find_map(|members| {
+                let holder = *choice.get(&members.group_id)?;
+                if assigned.get(&holder).copied().unwrap_or(0) <= floor {
+                    return None;
+                }
+                let to = below.iter().find(|node| members.voters.contains(node))?;
+                Some((members.group_id, holder, *to))
+            });
+            let Some((group, holder, to)) = step else {
+                break;
+            };
+            choice.insert(group, to);
+            *assigned.entry(holder).or_insert(1) -= 1;
+            *assigned.entry(to).or_insert(0) += 1;
         }
         let mut changes: Vec<(u32, u64)> = choice
             .iter()

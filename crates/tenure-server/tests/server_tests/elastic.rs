@@ -76,6 +76,17 @@ async fn replicas_per_node(client: &TestClient) -> Result<BTreeMap<u64, usize>, 
     Ok(counts)
 }
 
+/// Groups led per node (from each group's leader), for the printed lines.
+async fn leaders_per_node(client: &TestClient) -> BTreeMap<u64, usize> {
+    let mut counts = BTreeMap::new();
+    for group in 0..GROUPS {
+        if let Some(leader) = members(client, group).await.ok().and_then(|m| m.leader) {
+            *counts.entry(leader).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
 async fn wait_replicas(
     client: &TestClient,
     what: &str,
@@ -177,7 +188,10 @@ async fn the_cluster_grows_drains_removes_and_heals_with_every_lease() {
 
     // Grow 3 -> 5.
     let before = replicas_per_node(&client).await.unwrap();
-    println!("replicas per node before growing: {before:?}");
+    println!(
+        "before growing: replicas per node {before:?}, leaders per node {:?}",
+        leaders_per_node(&client).await
+    );
     // Node 4 is announced before it starts; node 5 starts first (it connects, learns the table,
     // finds itself missing and says so), and is announced then: its connections, made while it
     // was nobody, count as a node's once it is in the table.
@@ -217,7 +231,17 @@ async fn the_cluster_grows_drains_removes_and_heals_with_every_lease() {
         (1..=5).all(|n| counts.get(&n).is_some_and(|&c| (3..=4).contains(&c)))
     })
     .await;
-    println!("replicas per node after growing to 5: {grown:?}");
+    // Every group has a leader again after the hand-overs to the preferred leaders.
+    let leaders = wait_for(Duration::from_secs(60), "a leader for every group", || {
+        let client = &client;
+        async move {
+            let leaders = leaders_per_node(client).await;
+            (leaders.values().sum::<usize>() == GROUPS as usize).then_some(leaders)
+        }
+    })
+    .await
+    .unwrap();
+    println!("after growing to 5: replicas per node {grown:?}, leaders per node {leaders:?}");
     // The routing table lists the new nodes, with the node table's version.
     let routing = cluster.routing(1).await.unwrap();
     assert_eq!(routing.nodes.len(), 5, "{routing:?}");
@@ -236,7 +260,10 @@ async fn the_cluster_grows_drains_removes_and_heals_with_every_lease() {
         !counts.contains_key(&2) && counts.values().sum::<usize>() == GROUPS as usize * 3
     })
     .await;
-    println!("replicas per node after draining node 2: {drained:?}");
+    println!(
+        "after draining node 2: replicas per node {drained:?}, leaders per node {:?}",
+        leaders_per_node(&client).await
+    );
     change(&client, ClusterOp::Remove { node_id: 2 }).await;
     let removed = wait_state(&client, 2, NodeState::Removed).await;
     assert_eq!(removed.revoked.len(), 1, "node 2's certificate is revoked");
@@ -274,7 +301,10 @@ async fn the_cluster_grows_drains_removes_and_heals_with_every_lease() {
         !counts.contains_key(&3) && counts.values().sum::<usize>() == GROUPS as usize * 3
     })
     .await;
-    println!("replicas per node after node 3 died: {healed:?}");
+    println!(
+        "after node 3 died: replicas per node {healed:?}, leaders per node {:?}",
+        leaders_per_node(&client).await
+    );
 
     // A second kill: every group keeps a majority.
     cluster.kill(4);
