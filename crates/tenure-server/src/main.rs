@@ -123,6 +123,26 @@ enum DevAction {
     Start(DevNodeTarget),
     /// Stop node N (SIGTERM), start it again from its data and wait until it is ready.
     Restart(DevNodeTarget),
+    /// Grow the running cluster by one node (the next id, or --node): a certificate from the
+    /// cluster CA, a configuration that joins, `AddNode` in the node table, then the process;
+    /// waits until it is ready. The placement controller then moves replicas to it.
+    Add(DevAddTarget),
+    /// Replace node N for good (as after a lost disk): kill it, drain and remove it from the
+    /// node table (every node refuses it from then on), and add a new node (the next id) in its
+    /// place; waits until the new node is ready. Its replicas are re-created on the active nodes.
+    Replace(DevNodeTarget),
+}
+
+#[derive(Debug, Args)]
+struct DevAddTarget {
+    /// The new node's id [default: one more than the highest].
+    #[arg(long, value_name = "ID")]
+    node: Option<u64>,
+    #[command(flatten)]
+    target: DevTarget,
+    /// How long to wait for the node to be ready.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    wait_s: u64,
 }
 
 #[derive(Debug, Args)]
@@ -341,10 +361,43 @@ async fn run_dev_action(action: DevAction) -> Result<(), Failure> {
         DevAction::Kill(on) => (|node| ControlRequest::Kill { node }, on),
         DevAction::Start(on) => (|node| ControlRequest::Start { node }, on),
         DevAction::Restart(on) => (|node| ControlRequest::Restart { node }, on),
+        DevAction::Replace(on) => {
+            let by = next_dev_node(&on.target.data_dir).await?;
+            let reply = control::act_and_wait(
+                &on.target.data_dir,
+                ControlRequest::Replace { node: on.node, by },
+                secs(on.wait_s),
+            )
+            .await?;
+            return print_dev_reply(reply, on.target.json);
+        }
+        DevAction::Add(add) => {
+            let node = match add.node {
+                Some(node) => node,
+                None => next_dev_node(&add.target.data_dir).await?,
+            };
+            let reply = control::act_and_wait(
+                &add.target.data_dir,
+                ControlRequest::Add { node },
+                secs(add.wait_s),
+            )
+            .await?;
+            return print_dev_reply(reply, add.target.json);
+        }
     };
     let (request, target, wait) = (make(on.node), on.target, secs(on.wait_s));
     let reply = control::act_and_wait(&target.data_dir, request, wait).await?;
     print_dev_reply(reply, target.json)
+}
+
+/// One more than the highest node id of the running development cluster.
+async fn next_dev_node(dir: &Path) -> Result<u64, Failure> {
+    let reply = dev::control::send(dir, dev::control::ControlRequest::Status).await?;
+    Ok(reply
+        .status
+        .map(|s| s.nodes.iter().map(|n| n.id).max().unwrap_or(0))
+        .unwrap_or(0)
+        + 1)
 }
 
 fn print_dev_reply(reply: dev::control::ControlReply, json: bool) -> Result<(), Failure> {

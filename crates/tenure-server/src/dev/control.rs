@@ -50,6 +50,18 @@ pub enum ControlRequest {
         /// The node.
         node: u64,
     },
+    /// Grow the cluster by a new node: certificate, configuration, `AddNode`, start.
+    Add {
+        /// The new node's id (never used in this cluster).
+        node: u64,
+    },
+    /// Replace a node for good: kill it, drain and remove it from the node table, add `by`.
+    Replace {
+        /// The node replaced.
+        node: u64,
+        /// The new node's id (never used in this cluster).
+        by: u64,
+    },
 }
 
 /// One node as the supervisor sees it.
@@ -240,7 +252,10 @@ pub async fn act_and_wait(
         ControlRequest::Stop { node } | ControlRequest::Kill { node } => {
             (node, &["stopped", "died"])
         }
-        ControlRequest::Start { node } | ControlRequest::Restart { node } => (node, &["running"]),
+        ControlRequest::Start { node }
+        | ControlRequest::Restart { node }
+        | ControlRequest::Add { node }
+        | ControlRequest::Replace { by: node, .. } => (node, &["running"]),
     };
     let deadline = Instant::now() + wait;
     let message = reply.message.clone();
@@ -258,7 +273,10 @@ pub async fn act_and_wait(
         }
         if matches!(
             request,
-            ControlRequest::Start { .. } | ControlRequest::Restart { .. }
+            ControlRequest::Start { .. }
+                | ControlRequest::Restart { .. }
+                | ControlRequest::Add { .. }
+                | ControlRequest::Replace { .. }
         ) && state == "died"
         {
             return Err(DevError::Control(format!(

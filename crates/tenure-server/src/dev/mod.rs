@@ -340,6 +340,17 @@ pub fn prepare(options: &DevOptions) -> Result<DevCluster, DevError> {
     }
 }
 
+/// A file in a node's directory saying it was removed from the cluster for good.
+const REMOVED_MARKER: &str = "REMOVED";
+
+/// Marks node `id` of the cluster in `dir` removed: later runs do not start it.
+pub(super) fn mark_removed(dir: &Path, id: u64) -> Result<(), DevError> {
+    write_atomically(
+        &node_dir(dir, id).join(REMOVED_MARKER),
+        "removed from the cluster's node table by `tenure dev replace`\n",
+    )
+}
+
 fn node_dir(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("node-{id}"))
 }
@@ -387,6 +398,10 @@ fn reuse(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
     let mut nodes = Vec::new();
     for id in 1..=u64::from(shape.nodes) {
         let node_dir = node_dir(&dir, id);
+        if node_dir.join(REMOVED_MARKER).exists() {
+            // Replaced (`tenure dev replace`): removed from the node table for good.
+            continue;
+        }
         let config_path = node_dir.join("tenure.toml");
         let mut config = config::load(&config_path)?;
         if config.node_id != id {
@@ -522,6 +537,135 @@ fn create(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
         ca_cert: paths.ca_cert,
         created: true,
     })
+}
+
+/// Prepares node `id` for a running development cluster: free ports (or `base + id`), a
+/// certificate from the cluster's CA, and a configuration that joins the running cluster
+/// (`[cluster] join_existing = true`, the existing nodes as seeds). Writes its files; does not
+/// start it.
+pub(super) fn prepare_added_node(cluster: &DevCluster, id: u64) -> Result<DevNode, DevError> {
+    let Some(first) = cluster.nodes.first() else {
+        return Err(DevError::Options("the cluster has no node to copy".into()));
+    };
+    if id == 0 || cluster.nodes.iter().any(|node| node.id == id) {
+        return Err(DevError::Options(format!("node {id} exists already")));
+    }
+    let ports = pick_ports(cluster.shape.base_port, &[id])?;
+    let Some(&(quic, http)) = ports.first() else {
+        return Err(DevError::Options(format!("no ports for node {id}")));
+    };
+    let certs_dir = cluster.dir.join("certs");
+    let node_dir = node_dir(&cluster.dir, id);
+    let mut config = first.config.clone();
+    config.node_id = id;
+    config.data_dir = node_dir.join("data");
+    config.tls.node_cert = certs_dir.join(tenure_transport::tls::node_cert_file_name(id));
+    config.tls.node_key = certs_dir.join(tenure_transport::tls::node_key_file_name(id));
+    config.peers = cluster
+        .nodes
+        .iter()
+        .filter_map(|node| node.own().ok().map(|own| (node.id, own.clone())))
+        .collect();
+    config.peers.insert(
+        id,
+        PeerConfig {
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, quic)),
+            http_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, http)),
+        },
+    );
+    config.cluster.join_existing = true;
+    config.validate()?;
+    crate::certs::issue_from_existing_ca(
+        &certs_dir,
+        &[id],
+        &[Ipv4Addr::LOCALHOST.into()],
+        &certs_dir,
+    )?;
+    fs::create_dir_all(&node_dir).map_err(io_error(format!("creating {}", node_dir.display())))?;
+    let config_path = node_dir.join("tenure.toml");
+    write_node_config(&config_path, &config)?;
+    Ok(DevNode {
+        id,
+        config_path,
+        config,
+        log_path: node_dir.join("node.log"),
+    })
+}
+
+/// Announces `node` in the running cluster's node table (`AddNode`).
+pub(super) async fn announce_node(cluster: &DevCluster, node: &DevNode) -> Result<(), DevError> {
+    let own = node.own()?;
+    let op = tenure_core::ClusterOp::AddNode(tenure_core::NodeAddresses {
+        node_id: node.id,
+        addr: own.addr.to_string(),
+        http_addr: own.http_addr.to_string(),
+    });
+    node_table_change(cluster, op).await
+}
+
+/// Applies `op` to the running cluster's node table, as node 1 (the development cluster is
+/// insecure: every caller is an operator), asking each node until the metadata group's leader
+/// takes it.
+pub(super) async fn node_table_change(
+    cluster: &DevCluster,
+    op: tenure_core::ClusterOp,
+) -> Result<(), DevError> {
+    use tenure_proto::client::{RequestBody, RequestFlags, ResponseBody};
+    let Some(first) = cluster.nodes.first() else {
+        return Err(DevError::Options("the cluster has no node to ask".into()));
+    };
+    let tls = tenure_transport::tls::NodeTls::load(
+        first.id,
+        &first.config.tls.ca_cert,
+        &first.config.tls.node_cert,
+        &first.config.tls.node_key,
+    )
+    .map_err(ServerError::from)?;
+    let client_config = tls
+        .quinn_client_config_for(
+            std::sync::Arc::new(quinn::TransportConfig::default()),
+            tenure_proto::client::CLIENT_ALPN,
+        )
+        .map_err(ServerError::from)?;
+    let endpoint = quinn::Endpoint::client(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .map_err(io_error("binding a QUIC endpoint"))?;
+    let targets: BTreeMap<u64, SocketAddr> = cluster
+        .nodes
+        .iter()
+        .filter_map(|n| n.own().ok().map(|own| (n.id, own.addr)))
+        .collect();
+    let forwarder = crate::forward::Forwarder::new(endpoint, client_config, targets.clone(), None);
+    let principal = crate::membership::node_principal(first.id);
+    let mut last = String::from("no node answered");
+    for _ in 0..10 {
+        for &target in targets.keys() {
+            let answer = forwarder
+                .forward(
+                    target,
+                    &principal,
+                    RequestFlags::default(),
+                    RequestBody::ClusterChange(op.clone()),
+                    Duration::from_secs(3),
+                )
+                .await;
+            match answer {
+                Ok(ResponseBody::ClusterChanged(_)) => return Ok(()),
+                Ok(other) => last = format!("node {target} answered {}", other.kind_name()),
+                Err(error) => last = format!("node {target}: {error}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(DevError::Control(format!("{op:?} failed: {last}")))
+}
+
+/// Records a grown cluster: its shape (node count) and `cluster.json`.
+pub(super) fn record_growth(cluster: &mut DevCluster) -> Result<(), DevError> {
+    let highest = cluster.nodes.iter().map(|node| node.id).max().unwrap_or(0);
+    cluster.shape.nodes = u32::try_from(highest).unwrap_or(u32::MAX);
+    write_shape(&cluster.dir, &cluster.shape)?;
+    let text = cluster.cluster_json()?;
+    write_atomically(&cluster.cluster_file(), &text)
 }
 
 fn write_node_config(path: &Path, config: &ServerConfig) -> Result<(), DevError> {

@@ -112,6 +112,24 @@ struct NodeProcess {
     restart_delay: Option<Duration>,
 }
 
+impl NodeProcess {
+    fn not_started(node: DevNode) -> Result<Self, DevError> {
+        let own = node.own()?.clone();
+        Ok(NodeProcess {
+            http_addr: own.http_addr,
+            client_addr: own.addr,
+            node,
+            child: None,
+            state: NodeState::Stopped {
+                exit: "not started".to_owned(),
+            },
+            starts: 0,
+            started_at: Instant::now(),
+            restart_delay: None,
+        })
+    }
+}
+
 /// The cluster's node processes and what may be done to them.
 pub(super) struct Supervisor {
     cluster: DevCluster,
@@ -130,19 +148,7 @@ impl Supervisor {
     ) -> Result<Self, DevError> {
         let mut nodes = Vec::new();
         for node in &cluster.nodes {
-            let own = node.own()?;
-            nodes.push(NodeProcess {
-                http_addr: own.http_addr,
-                client_addr: own.addr,
-                node: node.clone(),
-                child: None,
-                state: NodeState::Stopped {
-                    exit: "not started".to_owned(),
-                },
-                starts: 0,
-                started_at: Instant::now(),
-                restart_delay: None,
-            });
+            nodes.push(NodeProcess::not_started(node.clone())?);
         }
         Ok(Supervisor {
             cluster,
@@ -455,6 +461,8 @@ impl Supervisor {
             ControlRequest::Kill { node } => self.request_stop(node, true, false).await,
             ControlRequest::Start { node } => self.request_start(node),
             ControlRequest::Restart { node } => self.request_stop(node, false, true).await,
+            ControlRequest::Add { node } => self.request_add(node).await,
+            ControlRequest::Replace { node, by } => self.request_replace(node, by).await,
         };
         match outcome {
             Ok(message) => ControlReply {
@@ -516,6 +524,57 @@ impl Supervisor {
             (false, true) => format!("sent SIGTERM to node {id}; it starts again once stopped"),
             (false, false) => format!("sent SIGTERM to node {id}"),
         })
+    }
+
+    /// Grows the running cluster by node `id`: its certificate and configuration, `AddNode` in
+    /// the node table, then its process (it joins, reports itself, and the placement controller
+    /// moves replicas to it).
+    async fn request_add(&mut self, id: u64) -> Result<String, String> {
+        if self.index_of(id).is_some() {
+            return Err(format!("node {id} exists already"));
+        }
+        let node = super::prepare_added_node(&self.cluster, id).map_err(|e| e.to_string())?;
+        super::announce_node(&self.cluster, &node)
+            .await
+            .map_err(|e| e.to_string())?;
+        let process = NodeProcess::not_started(node.clone()).map_err(|e| e.to_string())?;
+        self.cluster.nodes.push(node);
+        super::record_growth(&mut self.cluster).map_err(|e| e.to_string())?;
+        self.nodes.push(process);
+        let index = self.nodes.len() - 1;
+        self.start(index).map_err(|e| e.to_string())?;
+        Ok(format!(
+            "node {id} announced in the node table and started; it joins and the placement \
+             controller moves replicas to it (`tenurectl node list`)"
+        ))
+    }
+
+    /// Replaces node `id` for good, as an operator would a node whose disk died: kills it,
+    /// drains and removes it from the node table (every node refuses it and its certificate
+    /// from then on), and adds node `by` in its place. The placement controller re-creates its
+    /// replicas on the active nodes.
+    async fn request_replace(&mut self, id: u64, by: u64) -> Result<String, String> {
+        let index = self.find(id)?;
+        if self.nodes.get(index).is_some_and(|p| p.child.is_some()) {
+            self.request_stop(id, true, false).await?;
+        }
+        for op in [
+            tenure_core::ClusterOp::SetState {
+                node_id: id,
+                state: tenure_core::NodeState::Draining,
+            },
+            tenure_core::ClusterOp::Remove { node_id: id },
+        ] {
+            super::node_table_change(&self.cluster, op)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        super::mark_removed(&self.cluster.dir, id).map_err(|e| e.to_string())?;
+        self.cluster.nodes.retain(|node| node.id != id);
+        let added = self.request_add(by).await?;
+        Ok(format!(
+            "node {id} killed and removed from the node table (refused by every node from now on); {added}"
+        ))
     }
 
     fn request_start(&mut self, id: u64) -> Result<String, String> {

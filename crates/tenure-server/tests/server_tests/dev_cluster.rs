@@ -1,7 +1,8 @@
 //! `tenure dev` as a newcomer uses it to watch a failover: a `kill -9` of one node process is
 //! reported and the other nodes keep serving; `tenure dev restart|stop|start|kill N` act on one
 //! node by id through the running supervisor; `--restart-after-s` brings a dead node back by
-//! itself; a second supervisor on the same directory is refused.
+//! itself; a second supervisor on the same directory is refused; `tenure dev add` grows the
+//! running cluster and `tenure dev replace N` swaps a node for a new one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -271,6 +272,19 @@ async fn kill_report_restart() {
             .contains("restarting it in 1 s"),
         "{}",
         tail(&log2, 20)
+    );
+    // Grow the running cluster by node 4, then replace node 1 for good by node 5: each new
+    // node joins, reports itself and is ready; node 1 stays down (removed from the node table).
+    let added = dev_action(&dir_str, "add", None);
+    assert_eq!(node_field(&added, 4, "state"), "running", "{added}");
+    let replaced = dev_action(&dir_str, "replace", Some(1));
+    assert_eq!(node_field(&replaced, 5, "state"), "running", "{replaced}");
+    assert_eq!(node_field(&replaced, 1, "state"), "stopped", "{replaced}");
+    assert!(dir.join("node-1").join("REMOVED").exists());
+    let cluster_file = std::fs::read_to_string(dir.join("cluster.json")).unwrap();
+    assert!(
+        cluster_file.contains(node_field(&replaced, 5, "client").as_str().unwrap()),
+        "{cluster_file}"
     );
     send_signal(dev.0.id(), "TERM");
     let exit = wait_child_exit(&mut dev.0, Duration::from_secs(60)).expect("tenure dev stops");
