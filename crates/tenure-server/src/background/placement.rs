@@ -513,3 +513,51 @@ async fn request_move(
         Err(error) => Err(error.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn members(voter_sets: Vec<Vec<u64>>, learners: Vec<u64>) -> GroupMembers {
+        let mut voters: Vec<u64> = voter_sets.iter().flatten().copied().collect();
+        voters.sort_unstable();
+        voters.dedup();
+        GroupMembers {
+            group_id: 7,
+            seen_by: 1,
+            leader: Some(1),
+            term: 3,
+            voters,
+            voter_sets,
+            learners,
+            membership_log_index: 10,
+            membership_committed: true,
+            last_log_index: 12,
+            followers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_joint_configuration_is_finished_by_its_own_move() {
+        let active: BTreeSet<u64> = [1, 2, 3, 4].into();
+        let joint = members(vec![vec![1, 2, 3], vec![1, 2, 4]], Vec::new());
+        assert_eq!(repair_move(&joint, &active, &BTreeMap::new()), Some((3, 4)));
+    }
+
+    #[test]
+    fn a_leftover_learner_replaces_an_inactive_voter_else_the_busiest() {
+        let replicas: BTreeMap<u64, usize> = [(1, 5), (2, 9), (3, 4), (4, 1)].into();
+        // Node 3 is not active (draining, dead or removed): the learner takes its place.
+        let active: BTreeSet<u64> = [1, 2, 4].into();
+        let learner = members(vec![vec![1, 2, 3]], vec![4]);
+        assert_eq!(repair_move(&learner, &active, &replicas), Some((3, 4)));
+        // Every voter active: the learner relieves the busiest voter.
+        let active: BTreeSet<u64> = [1, 2, 3, 4].into();
+        assert_eq!(repair_move(&learner, &active, &replicas), Some((2, 4)));
+        // A learner on a node that is not active is not promoted.
+        let active: BTreeSet<u64> = [1, 2, 3].into();
+        assert_eq!(repair_move(&learner, &active, &replicas), None);
+    }
+}
