@@ -107,7 +107,7 @@ pub const CLOSE_NOT_AUTHENTICATED: u32 = 5;
 /// matters where nodes restart inside one process (the deterministic simulation).
 #[derive(Default)]
 pub struct ClientServer {
-    service: OnceLock<(Weak<NodeShared>, Vec<u64>, ClientLimitsConfig)>,
+    service: OnceLock<(Weak<NodeShared>, ClientLimitsConfig)>,
     connections: Arc<Mutex<ConnectionCounts>>,
 }
 
@@ -123,13 +123,12 @@ impl ClientServer {
         Arc::new(ClientServer::default())
     }
 
-    /// Starts serving with `service`; `members` are the node ids whose certificates mark
-    /// forwarding nodes. The bounds are the node configuration's `[limits.client]`.
-    pub fn set_service(&self, service: Service, members: Vec<u64>) {
+    /// Starts serving with `service` (which node a node certificate proves, and whether it is
+    /// a member, is asked of its node table per request). The bounds are the node
+    /// configuration's `[limits.client]`.
+    pub fn set_service(&self, service: Service) {
         let limits = service.inner.config.limits.client.clone();
-        let _ = self
-            .service
-            .set((Arc::downgrade(&service.inner), members, limits));
+        let _ = self.service.set((Arc::downgrade(&service.inner), limits));
     }
 }
 
@@ -193,7 +192,7 @@ pub fn claim_connection(
 
 impl ClientAcceptor for ClientServer {
     fn accept(&self, connection: quinn::Connection) {
-        let Some((node, _configured_members, limits)) = self.service.get() else {
+        let Some((node, limits)) = self.service.get() else {
             connection.close(CLOSE_UNAVAILABLE.into(), b"node is starting");
             return;
         };

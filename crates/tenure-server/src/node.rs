@@ -272,7 +272,7 @@ impl Node {
         let service = Service {
             inner: shared.clone(),
         };
-        client_server.set_service(service.clone(), node_ids);
+        client_server.set_service(service.clone());
 
         let (http_shutdown, http_addr, http_task) =
             start_http(env.serve_http, own.http_addr, service).await?;
