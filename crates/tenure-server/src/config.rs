@@ -107,7 +107,18 @@ pub struct ClusterConfig {
     pub placement_interval_ms: u64,
     /// Replica moves the controller runs at once across the cluster, 1 to 16. Default 2.
     pub moves_inflight_max: u32,
+    /// Snapshot bytes this node sends per second, all transfers together (a new replica's
+    /// first state, a follower too far behind the log), so that moves leave the network and
+    /// the disk to foreground traffic; 0 = no limit, else at least 1 MiB/s (1,048,576). A
+    /// snapshot must still arrive within 60 s (the transfer timeout), so the largest group
+    /// snapshot this node can send is about 60 x this. Default 67,108,864 (64 MiB/s).
+    pub snapshot_send_bytes_per_s: u64,
 }
+
+/// The default snapshot send rate (64 MiB/s).
+pub const SNAPSHOT_SEND_BYTES_PER_S_DEFAULT: u64 = 64 << 20;
+/// The lowest snapshot send rate a configuration may ask for (1 MiB/s), other than no limit.
+pub const SNAPSHOT_SEND_BYTES_PER_S_MIN: u64 = 1 << 20;
 
 impl Default for ClusterConfig {
     fn default() -> Self {
@@ -116,6 +127,7 @@ impl Default for ClusterConfig {
             node_dead_after_ms: 300_000,
             placement_interval_ms: 5_000,
             moves_inflight_max: 2,
+            snapshot_send_bytes_per_s: SNAPSHOT_SEND_BYTES_PER_S_DEFAULT,
         }
     }
 }
@@ -975,6 +987,15 @@ impl ServerConfig {
                 format!(
                     "must be at least 1,000, got {}",
                     self.cluster.node_dead_after_ms
+                ),
+            ));
+        }
+        let rate = self.cluster.snapshot_send_bytes_per_s;
+        if rate != 0 && rate < SNAPSHOT_SEND_BYTES_PER_S_MIN {
+            return Err(ConfigError::invalid(
+                "cluster.snapshot_send_bytes_per_s",
+                format!(
+                    "must be 0 (no limit) or at least {SNAPSHOT_SEND_BYTES_PER_S_MIN}, got {rate}"
                 ),
             ));
         }

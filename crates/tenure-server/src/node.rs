@@ -428,6 +428,7 @@ fn transport_config(
     transport_config.client_quic.bidi_streams_max = client_limits.streams_max;
     transport_config.client_quic.stream_receive_window_bytes = client_limits.receive_window_bytes;
     transport_config.client_quic.receive_window_bytes = client_limits.receive_window_bytes;
+    transport_config.snapshot_send_bytes_per_s = config.cluster.snapshot_send_bytes_per_s;
     // A memory disk means a simulation: snapshot files are read and written inline there.
     transport_config.inline_file_io = storage.is_in_memory();
     transport_config

@@ -65,6 +65,10 @@ pub struct TransportConfig {
     pub snapshot_bytes_max: u64,
     /// Snapshot transfers received at once; more wait.
     pub snapshot_receives_max: usize,
+    /// Snapshot bytes this node sends per second, all transfers together (replica moves,
+    /// lagging followers); 0 = no limit. A transfer must still finish within the Raft
+    /// timing's `snapshot_transfer_timeout_ms`. Default 0 (the server sets its own).
+    pub snapshot_send_bytes_per_s: u64,
     /// Dial plus TLS handshake plus `Hello` exchange must finish within this, in milliseconds.
     pub connect_timeout_ms: u64,
     /// First reconnect delay after a failed dial, in milliseconds (doubles up to the max, with
@@ -145,6 +149,7 @@ impl TransportConfig {
             stream_sessions_max: 8192,
             snapshot_bytes_max: 8 * 1024 * 1024 * 1024,
             snapshot_receives_max: 4,
+            snapshot_send_bytes_per_s: 0,
             connect_timeout_ms: 3000,
             reconnect_backoff_min_ms: 50,
             reconnect_backoff_max_ms: 2000,

@@ -39,6 +39,7 @@ mod heartbeat;
 mod inbound;
 mod link;
 mod network;
+mod pacer;
 mod registry;
 pub mod stats;
 #[cfg(feature = "testing")]

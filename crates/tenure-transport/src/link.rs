@@ -328,6 +328,8 @@ pub(crate) struct Shared {
     pub(crate) stats: TransportStats,
     pub(crate) shutdown: watch::Sender<bool>,
     pub(crate) snapshot_permits: Semaphore,
+    /// Paces the snapshots this node sends (`snapshot_send_bytes_per_s`).
+    pub(crate) snapshot_pacer: crate::pacer::Pacer,
     pub(crate) handshake_permits: Arc<Semaphore>,
     pub(crate) next_stream_id: AtomicU64,
     pub(crate) rng: StdMutex<SmallRng>,

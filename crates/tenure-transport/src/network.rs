@@ -338,6 +338,9 @@ impl RaftNetworkV2<TenureRaft> for PeerRaftClient {
     }
 }
 
+/// Bytes of a snapshot file read, paced and sent at a time.
+const SNAPSHOT_CHUNK_BYTES: usize = 64 * 1024;
+
 async fn send_snapshot(
     shared: &Arc<Shared>,
     target: u64,
@@ -388,21 +391,30 @@ async fn send_snapshot(
     write_frame(&mut send, &Frame::SnapshotOffer(encode_payload(&offer)?))
         .await
         .map_err(|e| lost(&e))?;
+    // Chunk by chunk, each paced by the node's snapshot rate.
+    let mut chunk = vec![0u8; SNAPSHOT_CHUNK_BYTES];
     if shared.config.inline_file_io {
         let mut file = file;
-        let mut chunk = vec![0u8; 64 * 1024];
         loop {
             let read = std::io::Read::read(&mut file, &mut chunk).map_err(|e| lost(&e))?;
             if read == 0 {
                 break;
             }
+            shared.snapshot_pacer.take(read).await;
             send.write_all(&chunk[..read]).await.map_err(|e| lost(&e))?;
         }
     } else {
         let mut file = tokio::fs::File::from_std(file);
-        tokio::io::copy(&mut file, &mut send)
-            .await
-            .map_err(|e| lost(&e))?;
+        loop {
+            let read = tokio::io::AsyncReadExt::read(&mut file, &mut chunk)
+                .await
+                .map_err(|e| lost(&e))?;
+            if read == 0 {
+                break;
+            }
+            shared.snapshot_pacer.take(read).await;
+            send.write_all(&chunk[..read]).await.map_err(|e| lost(&e))?;
+        }
     }
     send.flush().await.map_err(|e| lost(&e))?;
     send.finish().map_err(|e| lost(&e))?;

@@ -211,6 +211,7 @@ impl Transport {
         let snapshot_permits = Semaphore::new(config.snapshot_receives_max.max(1));
         let handshake_permits = Arc::new(Semaphore::new(config.handshakes_inflight_max.max(1)));
         let rng = StdMutex::new(SmallRng::seed_from_u64(config.seed));
+        let snapshot_pacer = crate::pacer::Pacer::new(config.snapshot_send_bytes_per_s);
         let shared = Arc::new(Shared {
             config,
             endpoint,
@@ -224,6 +225,7 @@ impl Transport {
             stats: TransportStats::default(),
             shutdown: watch::Sender::new(false),
             snapshot_permits,
+            snapshot_pacer,
             handshake_permits,
             next_stream_id: AtomicU64::new(1),
             rng,
