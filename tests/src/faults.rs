@@ -47,11 +47,25 @@ pub enum FaultKind {
     /// joint consensus, drop), through the client library as an operator would; needs more
     /// nodes than replicas.
     MoveReplica,
+    /// Start a new node (a spare id, certificate from the cluster CA, `join_existing`) and
+    /// announce it in the node table; the placement controller moves replicas to it. Nothing
+    /// to heal: it stays.
+    AddNode,
+    /// Drain an active node (the controller moves its replicas away), then take the drain back
+    /// (the controller may move replicas back).
+    DrainNode,
+    /// Drain an active node and remove it for good once it holds no replica (every node then
+    /// refuses it and its certificate); a node not yet empty when the step ends is undrained.
+    RemoveNode,
+    /// kill -9 a node for good, as when its disk dies: drained and removed from the node table
+    /// at once, its replicas re-created on the others by the controller; a new node (a spare id)
+    /// takes its place where the harness can start one.
+    ReplaceNode,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 17] = [
         FaultKind::Kill,
         FaultKind::PauseNode,
         FaultKind::PauseClient,
@@ -65,10 +79,14 @@ impl FaultKind {
         FaultKind::ClockJump,
         FaultKind::SlowDisk,
         FaultKind::MoveReplica,
+        FaultKind::AddNode,
+        FaultKind::DrainNode,
+        FaultKind::RemoveNode,
+        FaultKind::ReplaceNode,
     ];
 
     /// The kinds the fault suite applies to node processes, in the order its plans draw them.
-    pub const FAULT_SUITE: [FaultKind; 10] = [
+    pub const FAULT_SUITE: [FaultKind; 14] = [
         FaultKind::Kill,
         FaultKind::PauseNode,
         FaultKind::PauseClient,
@@ -79,10 +97,14 @@ impl FaultKind {
         FaultKind::ClockJump,
         FaultKind::SlowDisk,
         FaultKind::MoveReplica,
+        FaultKind::AddNode,
+        FaultKind::DrainNode,
+        FaultKind::RemoveNode,
+        FaultKind::ReplaceNode,
     ];
 
     /// The kinds the simulation applies, in the order its seeds draw them.
-    pub const SIMULATION: [FaultKind; 11] = [
+    pub const SIMULATION: [FaultKind; 14] = [
         FaultKind::Kill,
         FaultKind::PartitionHalves,
         FaultKind::PartitionLeader,
@@ -94,6 +116,9 @@ impl FaultKind {
         FaultKind::PauseClient,
         FaultKind::ClockJump,
         FaultKind::MoveReplica,
+        FaultKind::DrainNode,
+        FaultKind::RemoveNode,
+        FaultKind::ReplaceNode,
     ];
 
     /// Its one name, in reports, histories and on the command line.
@@ -112,6 +137,10 @@ impl FaultKind {
             FaultKind::ClockJump => "clock-jump",
             FaultKind::SlowDisk => "slow-disk",
             FaultKind::MoveReplica => "move-replica",
+            FaultKind::AddNode => "add-node",
+            FaultKind::DrainNode => "drain-node",
+            FaultKind::RemoveNode => "remove-node",
+            FaultKind::ReplaceNode => "replace-node",
         }
     }
 
@@ -140,13 +169,21 @@ impl FaultKind {
                 | FaultKind::PartitionLeader
                 | FaultKind::PartitionHalves
                 | FaultKind::PartitionBridge
+                | FaultKind::ReplaceNode
         )
     }
 
-    /// True for changes of a group's membership (the simulation draws them on a stream of their
-    /// own; they need more nodes than replicas per group).
+    /// True for changes of a group's or the cluster's membership (the simulation draws them on
+    /// a stream of their own; they need more nodes than replicas per group).
     pub fn is_membership(self) -> bool {
-        matches!(self, FaultKind::MoveReplica)
+        matches!(
+            self,
+            FaultKind::MoveReplica
+                | FaultKind::AddNode
+                | FaultKind::DrainNode
+                | FaultKind::RemoveNode
+                | FaultKind::ReplaceNode
+        )
     }
 
     /// True for faults of the network between nodes (the simulation draws them on their own

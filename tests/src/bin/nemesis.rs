@@ -96,7 +96,9 @@ struct RunArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(3..=9))]
     nodes: Option<u64>,
     /// Nemeses to use: `all` or a comma-separated list of kill, pause-node, pause-client,
-    /// partition-leader, partition-halves, partition-bridge, clock-rate, clock-jump, slow-disk.
+    /// partition-leader, partition-halves, partition-bridge, clock-rate, clock-jump, slow-disk,
+    /// move-replica, add-node, drain-node, remove-node, replace-node (the last five on 5 or
+    /// more nodes).
     #[arg(long, default_value = "all")]
     nemesis: String,
     /// How runs use the nemeses.

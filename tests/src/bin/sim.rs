@@ -61,6 +61,11 @@ struct Summary {
     lost_unsynced_batches: u64,
     moves_done: u64,
     moves_failed: u64,
+    /// Nodes taken out for good by the membership nemeses, over all seeds.
+    nodes_gone: u64,
+    /// Seeds whose run ended with a voter still on a node taken out (the controller had not
+    /// finished re-creating it; not a violation).
+    seeds_ending_with_voters_on_gone_nodes: u64,
     late_writes: u64,
     late_writes_rejected: u64,
     nemeses: BTreeMap<String, u64>,
@@ -76,8 +81,8 @@ fn line(report: &SimReport, wall_s: f64) -> String {
         .collect();
     format!(
         "sim seed {}: {} nodes, {}: faults [{}]; {:.1} simulated s in {:.1} s; {} ops checked; \
-         {} elections; {} states compared; {} unsynced batches lost; {} moves ({} failed); {} \
-         late writes ({} rejected); trace {:016x}; {} violation(s)",
+         {} elections; {} states compared; {} unsynced batches lost; {} moves ({} failed); nodes gone \
+         {:?}, final voters {:?}; {} late writes ({} rejected); trace {:016x}; {} violation(s)",
         report.seed,
         report.nodes,
         report.profile,
@@ -90,6 +95,8 @@ fn line(report: &SimReport, wall_s: f64) -> String {
         report.lost_unsynced_batches,
         report.moves_done,
         report.moves_failed,
+        report.nodes_gone,
+        report.final_voters,
         report.late_writes,
         report.late_writes_rejected,
         report.trace_hash,
@@ -114,6 +121,8 @@ fn main() -> anyhow::Result<()> {
         lost_unsynced_batches: 0,
         moves_done: 0,
         moves_failed: 0,
+        nodes_gone: 0,
+        seeds_ending_with_voters_on_gone_nodes: 0,
         late_writes: 0,
         late_writes_rejected: 0,
         nemeses: BTreeMap::new(),
@@ -136,6 +145,10 @@ fn main() -> anyhow::Result<()> {
         summary.lost_unsynced_batches += report.lost_unsynced_batches;
         summary.moves_done += report.moves_done;
         summary.moves_failed += report.moves_failed;
+        summary.nodes_gone += report.nodes_gone.len() as u64;
+        if report.voters_on_gone_nodes > 0 {
+            summary.seeds_ending_with_voters_on_gone_nodes += 1;
+        }
         summary.late_writes += report.late_writes;
         summary.late_writes_rejected += report.late_writes_rejected;
         summary.inconclusive += report.inconclusive.len() as u64;
@@ -178,7 +191,7 @@ fn main() -> anyhow::Result<()> {
         0.0
     };
     println!(
-        "sim summary: {} seeds, {:.1} simulated h, {:.0} wall s ({:.1} simulated s per wall s), {} ops checked, {} elections, {} replica moves ({} failed), nemeses {:?}, {} seed(s) with violations",
+        "sim summary: {} seeds, {:.1} simulated h, {:.0} wall s ({:.1} simulated s per wall s), {} ops checked, {} elections, {} replica moves ({} failed), {} nodes taken out for good ({} seeds ended with a voter still on one), nemeses {:?}, {} seed(s) with violations",
         summary.seeds,
         summary.simulated_s / 3_600.0,
         summary.wall_s,
@@ -187,6 +200,8 @@ fn main() -> anyhow::Result<()> {
         summary.elections,
         summary.moves_done,
         summary.moves_failed,
+        summary.nodes_gone,
+        summary.seeds_ending_with_voters_on_gone_nodes,
         summary.nemeses,
         summary.violations.len()
     );

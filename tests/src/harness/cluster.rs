@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
-use tenure_client::{Client, ClientConfig, Credentials, Endpoint, NodeStatus};
+use tenure_client::{Client, ClientConfig, ClientError, Credentials, Endpoint, NodeStatus};
 use tenure_core::NegativeControl;
 use tenure_server::config::{
-    AuthConfig, LimitsConfig, PeerConfig, ServerConfig, StorageConfig, TestingConfig, TimingConfig,
-    TlsConfig,
+    AuthConfig, ClusterConfig, LimitsConfig, PeerConfig, ServerConfig, StorageConfig,
+    TestingConfig, TimingConfig, TlsConfig,
 };
 use tenure_server::fault_control::{FaultSettings, FaultState};
 
@@ -61,6 +61,9 @@ pub struct ClusterOptions {
     pub log_filter: String,
     /// A guarantee the nodes break on purpose (negative controls of the checker).
     pub negative_control: NegativeControl,
+    /// Ids `nodes + 1..=nodes + spare_nodes` get certificates and addresses (and namespaces)
+    /// but no process: [`Cluster::add_node`] starts them later, joining the running cluster.
+    pub spare_nodes: u64,
 }
 
 impl Default for ClusterOptions {
@@ -74,6 +77,7 @@ impl Default for ClusterOptions {
             snapshot_every_entries: 500,
             log_filter: "info,openraft=warn".into(),
             negative_control: NegativeControl::None,
+            spare_nodes: 0,
         }
     }
 }
@@ -87,6 +91,8 @@ pub enum NodeState {
     Paused,
     /// Killed by the nemesis (not restarted yet).
     Killed,
+    /// Removed from the cluster for good (its process stopped; never started again).
+    Removed,
 }
 
 #[derive(Debug)]
@@ -100,6 +106,41 @@ struct NodeProcess {
     state: NodeState,
     /// Peers whose traffic this node drops (loopback partitions), re-applied after a restart.
     dropped: BTreeSet<u64>,
+}
+
+impl NodeProcess {
+    /// Checks `config` and writes node `id`'s configuration and faketime files into `node_dir`;
+    /// the process, not started yet.
+    fn write(
+        dir: &Path,
+        node_dir: &Path,
+        config: &ServerConfig,
+        addrs: &PeerConfig,
+    ) -> Result<NodeProcess, HarnessError> {
+        let id = config.node_id;
+        config
+            .validate()
+            .map_err(|e| HarnessError::Cluster(format!("node {id} configuration: {e}")))?;
+        let config_path = node_dir.join("tenure.toml");
+        let text = config
+            .to_toml()
+            .map_err(|e| HarnessError::Cluster(format!("node {id} configuration: {e}")))?;
+        std::fs::write(&config_path, text)
+            .map_err(|e| HarnessError::io("writing a node configuration", e))?;
+        let faketime_file = node_dir.join("faketime");
+        std::fs::write(&faketime_file, "+0s\n")
+            .map_err(|e| HarnessError::io("writing a faketime file", e))?;
+        Ok(NodeProcess {
+            config_path,
+            log_path: dir.join(format!("node-{id}.log")),
+            faketime_file,
+            quic_addr: addrs.addr,
+            http_addr: addrs.http_addr,
+            child: None,
+            state: NodeState::Killed,
+            dropped: BTreeSet::new(),
+        })
+    }
 }
 
 type HttpClient = hyper_util::client::legacy::Client<
@@ -121,6 +162,9 @@ pub struct Cluster {
     http: HttpClient,
     /// Nodes that exited without the nemesis killing them: (node, status).
     unexpected_exits: Vec<(u64, String)>,
+    /// Ids with certificates and addresses that no process has used yet (lowest first).
+    spares: BTreeMap<u64, (SocketAddr, SocketAddr)>,
+    certs: PathBuf,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -149,11 +193,12 @@ impl Cluster {
         options: ClusterOptions,
     ) -> Result<Cluster, HarnessError> {
         let ids: Vec<u64> = (1..=options.nodes).collect();
+        let all_ids: Vec<u64> = (1..=options.nodes + options.spare_nodes).collect();
         let certs = dir.join("certs");
         tenure_transport::certs::write_cluster_certificates(
             &certs,
             CLUSTER_NAME,
-            &ids,
+            &all_ids,
             &network.certificate_ips(),
         )
         .map_err(|e| HarnessError::Cluster(format!("writing certificates: {e}")))?;
@@ -173,31 +218,10 @@ impl Cluster {
             std::fs::create_dir_all(&node_dir)
                 .map_err(|e| HarnessError::io("creating a node directory", e))?;
             let config = node_config(id, &node_dir.join("data"), &certs, &peers, &options);
-            config
-                .validate()
-                .map_err(|e| HarnessError::Cluster(format!("node {id} configuration: {e}")))?;
             ttl_ms_min = config.effective_ttl_ms_min();
-            let config_path = node_dir.join("tenure.toml");
-            let text = config
-                .to_toml()
-                .map_err(|e| HarnessError::Cluster(format!("node {id} configuration: {e}")))?;
-            std::fs::write(&config_path, text)
-                .map_err(|e| HarnessError::io("writing a node configuration", e))?;
-            let faketime_file = node_dir.join("faketime");
-            std::fs::write(&faketime_file, "+0s\n")
-                .map_err(|e| HarnessError::io("writing a faketime file", e))?;
             nodes.insert(
                 id,
-                NodeProcess {
-                    config_path,
-                    log_path: dir.join(format!("node-{id}.log")),
-                    faketime_file,
-                    quic_addr: peers[&id].addr,
-                    http_addr: peers[&id].http_addr,
-                    child: None,
-                    state: NodeState::Killed,
-                    dropped: BTreeSet::new(),
-                },
+                NodeProcess::write(dir, &node_dir, &config, &peers[&id])?,
             );
         }
         let cluster_file = dir.join("cluster.json");
@@ -215,6 +239,9 @@ impl Cluster {
         let http =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .build_http();
+        let spares = (options.nodes + 1..=options.nodes + options.spare_nodes)
+            .map(|id| (id, network.node_addrs(id)))
+            .collect();
         let mut cluster = Cluster {
             dir: dir.to_path_buf(),
             network,
@@ -227,6 +254,8 @@ impl Cluster {
             ca_pem,
             http,
             unexpected_exits: Vec::new(),
+            spares,
+            certs,
         };
         for id in ids {
             cluster.spawn(id)?;
@@ -239,9 +268,70 @@ impl Cluster {
         &self.dir
     }
 
-    /// Node ids.
+    /// Ids of the nodes that are part of the cluster (started at least once, not removed).
     pub fn ids(&self) -> Vec<u64> {
-        self.nodes.keys().copied().collect()
+        self.nodes
+            .iter()
+            .filter(|(_, node)| node.state != NodeState::Removed)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// The next spare id and its QUIC and HTTP addresses, if any is left.
+    pub fn next_spare(&self) -> Option<(u64, SocketAddr, SocketAddr)> {
+        self.spares
+            .iter()
+            .next()
+            .map(|(&id, &(addr, http_addr))| (id, addr, http_addr))
+    }
+
+    /// Starts spare node `id` as a node joining the running cluster (`join_existing`, the
+    /// current members as its seeds); the caller announces it in the node table.
+    pub fn add_node(&mut self, id: u64) -> Result<(), HarnessError> {
+        let (addr, http_addr) = self
+            .spares
+            .remove(&id)
+            .ok_or_else(|| HarnessError::Cluster(format!("node {id} is not a spare")))?;
+        let mut peers: BTreeMap<u64, PeerConfig> = self
+            .nodes
+            .iter()
+            .filter(|(_, node)| node.state != NodeState::Removed)
+            .map(|(&peer, node)| {
+                (
+                    peer,
+                    PeerConfig {
+                        addr: node.quic_addr,
+                        http_addr: node.http_addr,
+                    },
+                )
+            })
+            .collect();
+        peers.insert(id, PeerConfig { addr, http_addr });
+        let node_dir = self.dir.join(format!("node-{id}"));
+        std::fs::create_dir_all(&node_dir)
+            .map_err(|e| HarnessError::io("creating a node directory", e))?;
+        let mut config = node_config(
+            id,
+            &node_dir.join("data"),
+            &self.certs,
+            &peers,
+            &self.options,
+        );
+        config.cluster.join_existing = true;
+        let process = NodeProcess::write(&self.dir, &node_dir, &config, &peers[&id])?;
+        self.nodes.insert(id, process);
+        self.spawn(id)
+    }
+
+    /// Stops node `id` for good (SIGKILL; a paused node too): it leaves [`Cluster::ids`] and
+    /// is never restarted.
+    pub fn retire(&mut self, id: u64) -> Result<(), HarnessError> {
+        if self.state(id) == Some(NodeState::Paused) {
+            let _ = self.signal(id, rustix::process::Signal::CONT);
+        }
+        self.kill(id)?;
+        self.node(id)?.state = NodeState::Removed;
+        Ok(())
     }
 
     /// The number of Raft groups.
@@ -365,7 +455,9 @@ impl Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
-        node.state = NodeState::Killed;
+        if node.state != NodeState::Removed {
+            node.state = NodeState::Killed;
+        }
         Ok(())
     }
 
@@ -581,11 +673,20 @@ impl Cluster {
     /// The status of every running node that answers within `timeout`.
     pub async fn statuses(&self, client: &Client, timeout: Duration) -> BTreeMap<u64, NodeStatus> {
         let mut statuses = BTreeMap::new();
+        let mut refreshed = false;
         for (&id, node) in &self.nodes {
             if node.state != NodeState::Running {
                 continue;
             }
-            if let Ok(Ok(status)) = tokio::time::timeout(timeout, client.node_status(id)).await {
+            let mut asked = tokio::time::timeout(timeout, client.node_status(id)).await;
+            if matches!(asked, Ok(Err(ClientError::InvalidRequest(_)))) && !refreshed {
+                // A node added during the run: the client learns it from a fresh routing
+                // table (its node list).
+                refreshed = true;
+                let _ = tokio::time::timeout(timeout, client.refresh_routing()).await;
+                asked = tokio::time::timeout(timeout, client.node_status(id)).await;
+            }
+            if let Ok(Ok(status)) = asked {
                 statuses.insert(id, status);
             }
         }
@@ -594,7 +695,7 @@ impl Cluster {
 
     /// Stops every node (SIGCONT first for paused ones, then SIGKILL).
     pub fn stop_all(&mut self) {
-        let ids = self.ids();
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
         for id in ids {
             if self.state(id) == Some(NodeState::Paused) {
                 let _ = self.signal(id, rustix::process::Signal::CONT);
@@ -649,7 +750,14 @@ fn node_config(
             block_cache_bytes: 8 << 20,
             write_buffer_bytes: 8 << 20,
         },
-        cluster: Default::default(),
+        // The placement controller looks every second, so the membership nemeses see it act
+        // within a step. A node is dead 2 s after its connection is gone, and a connection goes
+        // after QUIC's 10 s idle timeout: longer than any transient fault (6 s at most).
+        cluster: ClusterConfig {
+            placement_interval_ms: 1_000,
+            node_dead_after_ms: 2_000,
+            ..ClusterConfig::default()
+        },
         testing: TestingConfig {
             fault_control: true,
             negative_control: options.negative_control,

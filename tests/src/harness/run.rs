@@ -28,7 +28,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
 use tenure_client::{Client, NodeStatus, ResourceKey};
-use tenure_core::NegativeControl;
+use tenure_core::{ClusterOp, NegativeControl, NodeAddresses, NodeState as TableState};
 use tenure_server::fault_control::FaultSettings;
 
 use super::HarnessError;
@@ -42,6 +42,8 @@ use crate::history::{FaultEvent, History, Nanos, OpKind, OpRecord, Outcome, mono
 
 /// The tenant every run's resources belong to.
 pub const TENANT: &str = "fault";
+/// Node ids a run keeps for the nemeses that start nodes.
+const SPARE_NODES: u64 = 4;
 /// Operations one run records at most (beyond it the run fails rather than check a history with
 /// holes).
 const RECORDED_OPS_MAX: usize = 2_000_000;
@@ -418,6 +420,14 @@ enum Active {
     SlowDisk(u64),
     /// A replica move running in a task; its outcome arrives here.
     Move(tokio::sync::watch::Receiver<Option<String>>),
+    /// A node added (nothing to heal; the heal reports what it holds).
+    Added(u64),
+    /// A node drained; undrained at the heal.
+    Drained(u64),
+    /// A node drained; removed at the heal when empty, else undrained.
+    Removing(u64),
+    /// A node killed for good; removed from the table and replaced at the heal.
+    Replacing(u64),
 }
 
 /// Runs one seeded run.
@@ -465,12 +475,25 @@ async fn run_in(
     dir: &Path,
     started: Instant,
 ) -> Result<RunReport, HarnessError> {
-    let ids: Vec<u64> = (1..=config.nodes).collect();
+    // Spare ids for the nemeses that start nodes (each start takes a new id: ids are never
+    // reused).
+    let spare_nodes = if config
+        .kinds
+        .iter()
+        .any(|k| matches!(k, FaultKind::AddNode | FaultKind::ReplaceNode))
+        && config.nodes > 3
+    {
+        SPARE_NODES
+    } else {
+        0
+    };
+    let ids: Vec<u64> = (1..=config.nodes + spare_nodes).collect();
     let network = Network::setup(config.network, &ids)?;
     let options = ClusterOptions {
         nodes: config.nodes,
         groups: config.groups,
         negative_control: config.negative_control,
+        spare_nodes,
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start(dir, network, &config.exe, options)?;
@@ -892,7 +915,7 @@ async fn execute(
                 }
             }
         } else if let Some(effect) = active.remove(&index) {
-            heal(&effect, step.fault.kind().name(), shared, clients).await;
+            heal(&effect, step.fault.kind().name(), shared, client, clients).await;
         }
     }
     let total =
@@ -905,6 +928,7 @@ async fn execute(
             &effect,
             schedule[index].fault.kind().name(),
             shared,
+            client,
             clients,
         )
         .await;
@@ -1075,7 +1099,227 @@ async fn apply(
             });
             Ok(Active::Move(outcome))
         }
+        Fault::AddNode => {
+            let node = add_spare_node(shared, client).await?;
+            shared.log(name, true, format!("node {node} announced and started"));
+            Ok(Active::Added(node))
+        }
+        Fault::DrainNode { pick } | Fault::RemoveNode { pick } => {
+            let node = choose_drain(*pick, shared, client).await?;
+            // An unanswered drain may still apply: the step goes on either way, so that its
+            // end undrains or removes the node.
+            let answer = change(
+                client,
+                ClusterOp::SetState {
+                    node_id: node,
+                    state: TableState::Draining,
+                },
+            )
+            .await
+            .err()
+            .map(|error| format!(" (no clear answer: {error})"))
+            .unwrap_or_default();
+            shared.log(name, true, format!("drain node {node}{answer}"));
+            Ok(if matches!(fault, Fault::DrainNode { .. }) {
+                Active::Drained(node)
+            } else {
+                Active::Removing(node)
+            })
+        }
+        Fault::ReplaceNode(target) => {
+            let node = resolve(*target, shared, client).await?;
+            let active = table_nodes(client, TableState::Active).await?;
+            if !active.contains(&node) || active.len() <= MEMBERS_ACTIVE_MIN {
+                return Err(format!(
+                    "node {node} is not one of {} or more active nodes ({active:?})",
+                    MEMBERS_ACTIVE_MIN + 1
+                ));
+            }
+            // Losing a node for good while a group still lacks a replica of an earlier loss
+            // would take two of its three replicas away for good: beyond any fault model.
+            fully_replicated(shared, client).await?;
+            let mut cluster = shared.cluster.lock().await;
+            if cluster.state(node) != Some(NodeState::Running) {
+                return Err(format!("node {node} is not running"));
+            }
+            cluster.retire(node).map_err(|e| e.to_string())?;
+            shared.log(name, true, format!("kill -9 node {node} for good"));
+            Ok(Active::Replacing(node))
+        }
     }
+}
+
+/// Active nodes the membership nemeses leave at least (every group keeps three replicas on
+/// active nodes, and a move has a spare node).
+const MEMBERS_ACTIVE_MIN: usize = 4;
+/// Node processes a run grows to at most (two cores).
+const NODES_RUNNING_MAX: usize = 7;
+
+/// The nodes of the node table in `state`.
+async fn table_nodes(client: &Client, state: TableState) -> Result<Vec<u64>, String> {
+    client
+        .cluster_nodes()
+        .await
+        .map(|meta| meta.nodes_in(state))
+        .map_err(|error| format!("reading the node table: {error}"))
+}
+
+/// A change of the node table, as an operator would make it.
+async fn change(client: &Client, op: ClusterOp) -> Result<(), String> {
+    let text = format!("{op:?}");
+    client
+        .cluster_change(op)
+        .await
+        .map(|_| ())
+        .map_err(|error| format!("{text}: {error}"))
+}
+
+/// Announces the next spare node in the node table and starts it; its id.
+async fn add_spare_node(shared: &Shared, client: &Client) -> Result<u64, String> {
+    let (node, addr, http_addr) = {
+        let cluster = shared.cluster.lock().await;
+        let running = cluster
+            .ids()
+            .into_iter()
+            .filter(|&id| cluster.state(id) != Some(NodeState::Killed))
+            .count();
+        if running >= NODES_RUNNING_MAX {
+            return Err(format!("{running} nodes already"));
+        }
+        cluster
+            .next_spare()
+            .ok_or_else(|| "no spare node id left".to_string())?
+    };
+    change(
+        client,
+        ClusterOp::AddNode(NodeAddresses {
+            node_id: node,
+            addr: addr.to_string(),
+            http_addr: http_addr.to_string(),
+        }),
+    )
+    .await?;
+    shared
+        .cluster
+        .lock()
+        .await
+        .add_node(node)
+        .map_err(|e| e.to_string())?;
+    Ok(node)
+}
+
+/// An active node `pick` chooses to drain, when more than [`MEMBERS_ACTIVE_MIN`] are active.
+async fn choose_drain(pick: u64, shared: &Shared, client: &Client) -> Result<u64, String> {
+    let active = table_nodes(client, TableState::Active).await?;
+    if active.len() <= MEMBERS_ACTIVE_MIN {
+        return Err(format!("only {} active nodes ({active:?})", active.len()));
+    }
+    let running: Vec<u64> = {
+        let cluster = shared.cluster.lock().await;
+        active
+            .iter()
+            .copied()
+            .filter(|&id| cluster.state(id).is_some_and(|s| s != NodeState::Removed))
+            .collect()
+    };
+    if running.is_empty() {
+        return Err("no active node to drain".into());
+    }
+    let mut rng = SmallRng::seed_from_u64(pick);
+    Ok(running[rng.random_range(0..running.len())])
+}
+
+/// Ok when every group has one voter set, no learner, and every voter on a node of the cluster
+/// (not removed).
+async fn fully_replicated(shared: &Shared, client: &Client) -> Result<(), String> {
+    let (groups, members) = {
+        let cluster = shared.cluster.lock().await;
+        (cluster.groups(), cluster.ids())
+    };
+    for group in 0..groups {
+        let replicas = client
+            .group_members(group)
+            .await
+            .map_err(|error| format!("group {group}'s members: {error}"))?;
+        let settled = replicas.voter_sets.len() == 1 && replicas.learners.is_empty();
+        if !settled || replicas.voters.iter().any(|node| !members.contains(node)) {
+            return Err(format!(
+                "group {group} is not fully replicated yet (voters {:?}, learners {:?})",
+                replicas.voter_sets, replicas.learners
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Replicas (voters and learners) per node, asked of every group's leader.
+async fn replicas_per_node(client: &Client, groups: u32) -> Result<BTreeMap<u64, u64>, String> {
+    let mut replicas = BTreeMap::new();
+    for group in 0..groups {
+        let members = client
+            .group_members(group)
+            .await
+            .map_err(|error| format!("group {group}'s members: {error}"))?;
+        for node in members.voters.iter().chain(&members.learners) {
+            *replicas.entry(*node).or_insert(0) += 1;
+        }
+    }
+    Ok(replicas)
+}
+
+/// The end of a drain: remove the node when it holds no replica (`remove`), else undrain it.
+async fn end_drain(node: u64, remove: bool, shared: &Shared, client: &Client) -> String {
+    let groups = shared.cluster.lock().await.groups();
+    let held = match replicas_per_node(client, groups).await {
+        Ok(replicas) => replicas.get(&node).copied().unwrap_or(0),
+        Err(error) => return format!("node {node} left draining: {error}"),
+    };
+    if remove && held == 0 {
+        if let Err(error) = change(client, ClusterOp::Remove { node_id: node }).await {
+            return format!("node {node} empty but not removed: {error}");
+        }
+        let stopped = shared.cluster.lock().await.retire(node);
+        return match stopped {
+            Ok(()) => format!("node {node} empty, removed and stopped"),
+            Err(error) => format!("node {node} removed; stopping it failed: {error}"),
+        };
+    }
+    let undrain = ClusterOp::SetState {
+        node_id: node,
+        state: TableState::Active,
+    };
+    match change(client, undrain).await {
+        Ok(()) => format!("node {node} held {held} replicas; undrained"),
+        Err(error) => format!("node {node} held {held} replicas; undrain failed: {error}"),
+    }
+}
+
+/// The end of a replacement: the killed node drained and removed (wherever the controller got
+/// with it), and a spare node added in its place.
+async fn end_replace(node: u64, shared: &Shared, client: &Client) -> String {
+    let state = match client.cluster_nodes().await {
+        Ok(meta) => meta.node(node).map(|record| record.state),
+        Err(error) => return format!("node {node}: reading the node table: {error}"),
+    };
+    let mut detail = format!("node {node} was {state:?}");
+    if state == Some(TableState::Active) {
+        let drain = ClusterOp::SetState {
+            node_id: node,
+            state: TableState::Draining,
+        };
+        if let Err(error) = change(client, drain).await {
+            return format!("{detail}; drain failed: {error}");
+        }
+    }
+    if let Err(error) = change(client, ClusterOp::Remove { node_id: node }).await {
+        return format!("{detail}; remove failed: {error}");
+    }
+    detail.push_str("; removed");
+    match add_spare_node(shared, client).await {
+        Ok(added) => detail.push_str(&format!("; node {added} added in its place")),
+        Err(error) => detail.push_str(&format!("; no node added: {error}")),
+    }
+    detail
 }
 
 /// How long the nemesis waits for one replica move (the client repeats it while it runs).
@@ -1089,10 +1333,9 @@ async fn choose_move(
     client: &Client,
 ) -> Result<(u32, u64, u64), String> {
     let mut rng = SmallRng::seed_from_u64(pick);
-    let (ids, groups) = {
-        let cluster = shared.cluster.lock().await;
-        (cluster.ids(), cluster.groups())
-    };
+    let groups = shared.cluster.lock().await.groups();
+    // Only active nodes take replicas (the node table's view).
+    let ids = table_nodes(client, TableState::Active).await?;
     let group = rng.random_range(0..groups.max(1));
     let members = client
         .group_members(group)
@@ -1141,7 +1384,13 @@ async fn set_knob(shared: &Shared, node: u64, settings: FaultSettings) -> Result
         .map_err(|e| e.to_string())
 }
 
-async fn heal(effect: &Active, name: &str, shared: &Shared, clients: &mut [ClientProcess]) {
+async fn heal(
+    effect: &Active,
+    name: &str,
+    shared: &Shared,
+    client: &Client,
+    clients: &mut [ClientProcess],
+) {
     let detail = match effect {
         Active::Killed(node) => {
             let mut cluster = shared.cluster.lock().await;
@@ -1199,6 +1448,19 @@ async fn heal(effect: &Active, name: &str, shared: &Shared, clients: &mut [Clien
                 Err(_) => "the move did not finish in time".to_owned(),
             }
         }
+        Active::Added(node) => {
+            let groups = shared.cluster.lock().await.groups();
+            match replicas_per_node(client, groups).await {
+                Ok(replicas) => format!(
+                    "node {node} holds {} replicas; per node {replicas:?}",
+                    replicas.get(node).copied().unwrap_or(0)
+                ),
+                Err(error) => format!("node {node}: {error}"),
+            }
+        }
+        Active::Drained(node) => end_drain(*node, false, shared, client).await,
+        Active::Removing(node) => end_drain(*node, true, shared, client).await,
+        Active::Replacing(node) => end_replace(*node, shared, client).await,
     };
     shared.log(name, false, detail);
 }

@@ -78,6 +78,22 @@ pub enum Fault {
         /// Seeds the choice.
         pick: u64,
     },
+    /// Start a node with the next spare id and announce it; it stays.
+    AddNode,
+    /// Drain an active node `pick` chooses when the step starts; undrain at the end.
+    DrainNode {
+        /// Seeds the choice.
+        pick: u64,
+    },
+    /// Drain an active node `pick` chooses; at the end remove it if it holds no replica (its
+    /// process stops for good), else undrain it.
+    RemoveNode {
+        /// Seeds the choice.
+        pick: u64,
+    },
+    /// kill -9 a node for good, drain and remove it from the node table at once; at the end
+    /// start a node with the next spare id in its place.
+    ReplaceNode(NodeTarget),
 }
 
 impl Fault {
@@ -94,6 +110,10 @@ impl Fault {
             Fault::ClockJump { .. } => FaultKind::ClockJump,
             Fault::SlowDisk { .. } => FaultKind::SlowDisk,
             Fault::MoveReplica { .. } => FaultKind::MoveReplica,
+            Fault::AddNode => FaultKind::AddNode,
+            Fault::DrainNode { .. } => FaultKind::DrainNode,
+            Fault::RemoveNode { .. } => FaultKind::RemoveNode,
+            Fault::ReplaceNode(_) => FaultKind::ReplaceNode,
         }
     }
 }
@@ -269,6 +289,22 @@ fn draw(rng: &mut SmallRng, kind: FaultKind, shape: &PlanShape) -> Option<(Fault
         FaultKind::MoveReplica => (
             Fault::MoveReplica { pick: rng.random() },
             rng.random_range(3_000..8_000),
+        ),
+        // Long enough for the controller (a round every 1 s in fault runs) to move replicas.
+        FaultKind::AddNode => (Fault::AddNode, rng.random_range(4_000..10_000)),
+        FaultKind::DrainNode => (
+            Fault::DrainNode { pick: rng.random() },
+            rng.random_range(4_000..10_000),
+        ),
+        FaultKind::RemoveNode => (
+            Fault::RemoveNode { pick: rng.random() },
+            rng.random_range(6_000..12_000),
+        ),
+        // Long enough, at times, for the controller to declare the node dead first (a killed
+        // peer's connection lingers until QUIC's 10 s idle timeout).
+        FaultKind::ReplaceNode => (
+            Fault::ReplaceNode(target(rng)),
+            rng.random_range(8_000..16_000),
         ),
     };
     Some(drawn)

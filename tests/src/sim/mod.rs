@@ -47,7 +47,8 @@ use tenure_client::{Client, ClientConfig, Credentials, Endpoint, ResourceKey};
 use tenure_core::NegativeControl;
 use tenure_server::clock::MonotonicClock;
 use tenure_server::config::{
-    AuthConfig, LimitsConfig, PeerConfig, StorageConfig, TestingConfig, TimingConfig, TlsConfig,
+    AuthConfig, ClusterConfig, LimitsConfig, PeerConfig, StorageConfig, TestingConfig,
+    TimingConfig, TlsConfig,
 };
 use tenure_server::fault_control::{FaultControls, FaultSettings};
 use tenure_server::{Node, NodeEnv, ServerConfig};
@@ -164,6 +165,15 @@ pub struct SimReport {
     pub moves_done: u64,
     /// Replica moves that ended in an error (refused, leader lost, out of time).
     pub moves_failed: u64,
+    /// Nodes the membership nemeses took out for good (crashed and removed, or drained empty
+    /// and removed).
+    pub nodes_gone: Vec<u64>,
+    /// Each group's voters at the end, as its ready leader saw them (groups without a ready
+    /// leader at that moment are missing).
+    pub final_voters: BTreeMap<u32, Vec<u64>>,
+    /// Voting replicas on `nodes_gone` at the end (the controller re-creates them elsewhere;
+    /// nonzero means it had not finished when the run ended, not a violation).
+    pub voters_on_gone_nodes: u64,
     /// Hash of the trace (two runs of one seed must agree).
     pub trace_hash: u64,
     /// Every violation, as text.
@@ -343,7 +353,14 @@ fn node_config(options: &SimOptions, id: u64, data_dir: PathBuf, certs: &Path) -
             fsync: true,
             ..StorageConfig::default()
         },
-        cluster: Default::default(),
+        // The placement controller looks every second, so the membership nemeses see it act
+        // within a step; a node unreachable for 5 s is dead (a crash for good, rarely a
+        // transient fault: those last at most 4 s).
+        cluster: ClusterConfig {
+            placement_interval_ms: 1_000,
+            node_dead_after_ms: 5_000,
+            ..ClusterConfig::default()
+        },
         testing: TestingConfig {
             fault_control: true,
             negative_control: options.negative_control,
@@ -382,13 +399,32 @@ enum Active {
     },
     /// A replica move was handed to the mover (client host 1); nothing to heal.
     Move,
+    /// A node drained through the mover; undrained at the heal, or removed when `remove` and
+    /// it holds no replica by then.
+    Drain {
+        node: u64,
+        remove: bool,
+    },
+    /// A node crashed for good; drained and removed from the node table at the heal.
+    Replace {
+        node: u64,
+    },
 }
 
-/// A replica move the nemesis asks for: group, from, to.
-type MoveOrder = (u32, u64, u64);
+/// What the nemesis asks the mover (an operator on client host 1) to do.
+#[derive(Debug, Clone)]
+enum MoveOrder {
+    /// Move group's replica from one node to another.
+    Replica { group: u32, from: u64, to: u64 },
+    /// These node-table changes, in order (a refused one is reported and the rest still sent).
+    Table {
+        kind: FaultKind,
+        ops: Vec<tenure_core::ClusterOp>,
+    },
+}
 
-/// What the mover reports of each move: whether it was done, and how it ended.
-type MoveOutcomes = Arc<Mutex<Vec<(bool, String)>>>;
+/// What the mover reports of each order: its kind, whether it was done, and how it ended.
+type MoveOutcomes = Arc<Mutex<Vec<(FaultKind, bool, String)>>>;
 
 /// The channel from the nemesis to the mover task on client host 1, and the outcomes the mover
 /// reports back (drained into the nemesis's events, so they reach the trace).
@@ -422,6 +458,12 @@ struct Nemesis {
     mover: Mover,
     moves_done: u64,
     moves_failed: u64,
+    /// Nodes drained, crashed for good or removed by the membership nemeses: the other faults
+    /// leave them alone and no move targets them.
+    out: std::collections::BTreeSet<u64>,
+    /// Nodes crashed for good (never bounced).
+    gone: std::collections::BTreeSet<u64>,
+    groups: u32,
 }
 
 impl Nemesis {
@@ -472,7 +514,7 @@ impl Nemesis {
                 .is_some_and(|(until, _, _)| now_ms >= *until);
             if due_heal {
                 if let Some((_, kind, active)) = self.streams[index].active.take() {
-                    self.heal(now_ms, kind, active, sim);
+                    self.heal(now_ms, kind, active, sim, shared, probe);
                 }
                 let pause = self.rng.random_range(300..=2_000);
                 self.streams[index].next_at_ms = now_ms + pause;
@@ -484,6 +526,11 @@ impl Nemesis {
                 let hold_ms = match kind {
                     FaultKind::PauseClient => self.rng.random_range(self.ttl_ms..=self.ttl_ms * 2),
                     FaultKind::HoldMessages => self.rng.random_range(200..=1_500),
+                    // Long enough for the controller (a round a second) to move replicas, and
+                    // for a crashed node to be declared dead (after 5 s).
+                    FaultKind::DrainNode | FaultKind::RemoveNode | FaultKind::ReplaceNode => {
+                        self.rng.random_range(4_000..=12_000)
+                    }
                     _ => self.rng.random_range(500..=4_000),
                 };
                 if let Some(active) = self.apply(now_ms, kind, sim, shared, probe) {
@@ -513,7 +560,7 @@ impl Nemesis {
 
     /// A move for some group whose ready leader sees one voter set: a random voter to a random
     /// node that holds no voting replica.
-    fn pick_move(&mut self, shared: &Shared) -> Option<MoveOrder> {
+    fn pick_move(&mut self, shared: &Shared) -> Option<(u32, u64, u64)> {
         let candidates: Vec<(u32, Vec<u64>)> = {
             let registry = lock(&shared.registry);
             let mut found = BTreeMap::new();
@@ -533,7 +580,9 @@ impl Nemesis {
             return None;
         }
         let (group, voters) = candidates[self.rng.random_range(0..candidates.len())].clone();
-        let spare: Vec<u64> = (1..=self.nodes).filter(|n| !voters.contains(n)).collect();
+        let spare: Vec<u64> = (1..=self.nodes)
+            .filter(|n| !voters.contains(n) && !self.out.contains(n))
+            .collect();
         if spare.is_empty() || voters.is_empty() {
             return None;
         }
@@ -544,15 +593,57 @@ impl Nemesis {
 
     /// Records the outcomes the mover reported since the last tick.
     fn drain_move_outcomes(&mut self, now_ms: u64) {
-        let outcomes: Vec<(bool, String)> = std::mem::take(&mut *lock(&self.mover.outcomes));
-        for (done, outcome) in outcomes {
-            if done {
-                self.moves_done += 1;
+        let outcomes: Vec<(FaultKind, bool, String)> =
+            std::mem::take(&mut *lock(&self.mover.outcomes));
+        for (kind, done, outcome) in outcomes {
+            if kind == FaultKind::MoveReplica {
+                if done {
+                    self.moves_done += 1;
+                } else {
+                    self.moves_failed += 1;
+                }
+                self.record(now_ms, kind, false, outcome);
             } else {
-                self.moves_failed += 1;
+                self.events.push(FaultEvent {
+                    at_ns: now_ms.saturating_mul(1_000_000),
+                    nemesis: kind.name().to_string(),
+                    start: false,
+                    detail: format!("mover: {outcome}"),
+                });
             }
-            self.record(now_ms, FaultKind::MoveReplica, false, outcome);
         }
+    }
+
+    /// Hands `order` to the mover; false when it is busy (the step is skipped).
+    fn order(&self, order: MoveOrder) -> bool {
+        self.mover
+            .orders
+            .as_ref()
+            .is_some_and(|orders| orders.try_send(order).is_ok())
+    }
+
+    /// A node that may leave (drained, crashed for good): one that is still in, when more than
+    /// four would be left in (every group keeps three replicas and a move a spare node).
+    fn pick_leaving(&mut self) -> Option<u64> {
+        let inside: Vec<u64> = (1..=self.nodes).filter(|n| !self.out.contains(n)).collect();
+        if inside.len() <= 4 {
+            return None;
+        }
+        Some(inside[self.rng.random_range(0..inside.len())])
+    }
+
+    /// True when some ready leader of some group lists `node` among its voters or learners.
+    fn hosts_replicas(node: u64, shared: &Shared) -> bool {
+        let registry = lock(&shared.registry);
+        registry.values().any(|handles| {
+            handles.iter().filter_map(Weak::upgrade).any(|handle| {
+                if !handle.is_ready_leader() {
+                    return false;
+                }
+                let members = handle.members();
+                members.voters.contains(&node) || members.learners.contains(&node)
+            })
+        })
     }
 
     fn apply(
@@ -570,12 +661,7 @@ impl Nemesis {
             FaultKind::PauseNode | FaultKind::SlowDisk => return None,
             FaultKind::MoveReplica => {
                 let (group, from, to) = self.pick_move(shared)?;
-                let sent = self
-                    .mover
-                    .orders
-                    .as_ref()
-                    .is_some_and(|orders| orders.try_send((group, from, to)).is_ok());
-                if !sent {
+                if !self.order(MoveOrder::Replica { group, from, to }) {
                     return None;
                 }
                 self.record(
@@ -586,8 +672,59 @@ impl Nemesis {
                 );
                 Active::Move
             }
+            FaultKind::DrainNode | FaultKind::RemoveNode => {
+                let node = self.pick_leaving()?;
+                let drain = tenure_core::ClusterOp::SetState {
+                    node_id: node,
+                    state: tenure_core::NodeState::Draining,
+                };
+                if !self.order(MoveOrder::Table {
+                    kind,
+                    ops: vec![drain],
+                }) {
+                    return None;
+                }
+                self.out.insert(node);
+                self.record(now_ms, kind, true, format!("drain n{node}"));
+                Active::Drain {
+                    node,
+                    remove: kind == FaultKind::RemoveNode,
+                }
+            }
+            FaultKind::ReplaceNode => {
+                // Not while a group still lacks a replica of an earlier loss (two of its three
+                // replicas gone for good is beyond any fault model).
+                let voters = final_voters(shared);
+                let settled = voters.len() == self.groups as usize
+                    && voters
+                        .values()
+                        .flatten()
+                        .all(|node| !self.gone.contains(node));
+                if !settled {
+                    return None;
+                }
+                let node = self.pick_leaving()?;
+                if !lock(&shared.registry).contains_key(&node) {
+                    // Crashed by the other stream just now: not this time.
+                    return None;
+                }
+                sim.crash(node_name(node));
+                lock(&shared.registry).remove(&node);
+                probe.forget(node);
+                if let Some(disk) = self.disks.get(&node) {
+                    disk.crash();
+                }
+                self.out.insert(node);
+                self.gone.insert(node);
+                self.record(now_ms, kind, true, format!("n{node} crashed for good"));
+                Active::Replace { node }
+            }
+            FaultKind::AddNode => return None,
             FaultKind::Kill => {
                 let node = random_node;
+                if self.gone.contains(&node) {
+                    return None;
+                }
                 sim.crash(node_name(node));
                 lock(&shared.registry).remove(&node);
                 probe.forget(node);
@@ -715,7 +852,15 @@ impl Nemesis {
         Some(active)
     }
 
-    fn heal(&mut self, now_ms: u64, kind: FaultKind, active: Active, sim: &mut turmoil::Sim<'_>) {
+    fn heal(
+        &mut self,
+        now_ms: u64,
+        kind: FaultKind,
+        active: Active,
+        sim: &mut turmoil::Sim<'_>,
+        shared: &Shared,
+        probe: &mut Probe,
+    ) {
         let detail = match active {
             Active::Crash { node } => {
                 sim.bounce(node_name(node));
@@ -757,15 +902,61 @@ impl Nemesis {
                 format!("n{node}'s wall clock left as it is")
             }
             Active::Move => String::new(),
+            Active::Drain { node, remove } => {
+                // A node crashed by the other stream just now is undrained, not removed (its
+                // restart must not bring back a removed node).
+                let empty = remove
+                    && lock(&shared.registry).contains_key(&node)
+                    && !Self::hosts_replicas(node, shared);
+                let ops = if empty {
+                    vec![tenure_core::ClusterOp::Remove { node_id: node }]
+                } else {
+                    vec![tenure_core::ClusterOp::SetState {
+                        node_id: node,
+                        state: tenure_core::NodeState::Active,
+                    }]
+                };
+                let sent = self.order(MoveOrder::Table { kind, ops });
+                if empty && sent {
+                    // Removed: its process stops for good, as an operator's would.
+                    sim.crash(node_name(node));
+                    lock(&shared.registry).remove(&node);
+                    probe.forget(node);
+                    self.gone.insert(node);
+                    format!("n{node} empty: remove it and stop it")
+                } else {
+                    if sent {
+                        self.out.remove(&node);
+                    }
+                    format!("undrain n{node} (sent: {sent})")
+                }
+            }
+            Active::Replace { node } => {
+                let ops = vec![
+                    tenure_core::ClusterOp::SetState {
+                        node_id: node,
+                        state: tenure_core::NodeState::Draining,
+                    },
+                    tenure_core::ClusterOp::Remove { node_id: node },
+                ];
+                let sent = self.order(MoveOrder::Table { kind, ops });
+                format!("drain and remove n{node} (sent: {sent})")
+            }
         };
         self.record(now_ms, kind, false, detail);
     }
 
     /// Heals everything still in effect.
-    fn heal_all(&mut self, now_ms: u64, sim: &mut turmoil::Sim<'_>) {
+    fn heal_all(
+        &mut self,
+        now_ms: u64,
+        sim: &mut turmoil::Sim<'_>,
+        shared: &Shared,
+        probe: &mut Probe,
+    ) {
         for index in 0..self.streams.len() {
             if let Some((_, kind, active)) = self.streams[index].active.take() {
-                self.heal(now_ms, kind, active, sim);
+                self.heal(now_ms, kind, active, sim, shared, probe);
             }
             self.streams[index].next_at_ms = u64::MAX;
         }
@@ -859,6 +1050,7 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
         &stop_tx,
     );
     let simulated_ms = u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let final_voters = final_voters(&shared);
     for event in &nemesis.events {
         probe.trace(
             event.at_ns,
@@ -872,6 +1064,7 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
     }
     let ran = Ran {
         profile,
+        final_voters,
         simulated_ms,
         steps: driven.steps,
         harness_failure: driven.harness_failure,
@@ -1034,21 +1227,40 @@ async fn run_mover(
     mut orders: tokio::sync::mpsc::Receiver<MoveOrder>,
     outcomes: MoveOutcomes,
 ) {
-    while let Some((group, from, to)) = orders.recv().await {
-        let outcome = match client
-            .move_replica(group, from, to, Duration::from_secs(20))
-            .await
-        {
-            Ok(members) => (
-                true,
-                format!(
-                    "group {group} n{from} -> n{to}: voters {:?}",
-                    members.voters
-                ),
-            ),
-            Err(error) => (false, format!("group {group} n{from} -> n{to}: {error}")),
-        };
-        lock(&outcomes).push(outcome);
+    while let Some(order) = orders.recv().await {
+        match order {
+            MoveOrder::Replica { group, from, to } => {
+                let outcome = match client
+                    .move_replica(group, from, to, Duration::from_secs(20))
+                    .await
+                {
+                    Ok(members) => (
+                        FaultKind::MoveReplica,
+                        true,
+                        format!(
+                            "group {group} n{from} -> n{to}: voters {:?}",
+                            members.voters
+                        ),
+                    ),
+                    Err(error) => (
+                        FaultKind::MoveReplica,
+                        false,
+                        format!("group {group} n{from} -> n{to}: {error}"),
+                    ),
+                };
+                lock(&outcomes).push(outcome);
+            }
+            MoveOrder::Table { kind, ops } => {
+                for op in ops {
+                    let text = format!("{op:?}");
+                    let outcome = match client.cluster_change(op).await {
+                        Ok(change) => (kind, true, format!("{text}: version {}", change.version)),
+                        Err(error) => (kind, false, format!("{text}: {error}")),
+                    };
+                    lock(&outcomes).push(outcome);
+                }
+            }
+        }
     }
 }
 
@@ -1214,6 +1426,9 @@ impl Nemesis {
             mover,
             moves_done: 0,
             moves_failed: 0,
+            out: std::collections::BTreeSet::new(),
+            gone: std::collections::BTreeSet::new(),
+            groups: options.groups,
         }
     }
 }
@@ -1248,7 +1463,7 @@ fn drive(
         if now_ms < heal_at_ms {
             nemesis.tick(now_ms, sim, shared, probe);
         } else if !healed {
-            nemesis.heal_all(now_ms, sim);
+            nemesis.heal_all(now_ms, sim, shared, probe);
             healed = true;
         }
         if now_ms >= stop_at_ms && !stopped {
@@ -1289,11 +1504,26 @@ fn drive(
 /// What [`judge`] needs to know of the run besides its records.
 struct Ran {
     profile: String,
+    final_voters: BTreeMap<u32, Vec<u64>>,
     simulated_ms: u64,
     steps: u64,
     harness_failure: Option<String>,
     /// Panics recorded before this run started (the hook is process-wide).
     panics_before: usize,
+}
+
+/// Each group's voters as its ready leader sees them now.
+fn final_voters(shared: &Shared) -> BTreeMap<u32, Vec<u64>> {
+    let registry = lock(&shared.registry);
+    let mut voters = BTreeMap::new();
+    for handles in registry.values() {
+        for handle in handles.iter().filter_map(Weak::upgrade) {
+            if handle.is_ready_leader() {
+                voters.insert(handle.group_id(), handle.members().voters);
+            }
+        }
+    }
+    voters
 }
 
 /// The run's verdict: the probe's violations, this thread's panics, a harness failure, and the
@@ -1374,6 +1604,14 @@ fn judge(
         lost_unsynced_batches: nemesis.lost_batches,
         moves_done: nemesis.moves_done,
         moves_failed: nemesis.moves_failed,
+        nodes_gone: nemesis.gone.iter().copied().collect(),
+        voters_on_gone_nodes: ran
+            .final_voters
+            .values()
+            .flatten()
+            .filter(|node| nemesis.gone.contains(node))
+            .count() as u64,
+        final_voters: ran.final_voters,
         trace_hash: trace.digest(),
         violations: violations.iter().map(|v| v.describe(0)).collect(),
         violated,

@@ -45,7 +45,7 @@ struct Case {
     seconds: u64,
 }
 
-/// The short mode's corpus: every nemesis alone (in three runs of three), all of them combined
+/// The short mode's corpus: every nemesis alone (in runs of two to six), all of them combined
 /// on 5 nodes, and a run on the loopback fallback (the nodes' fault layer instead of
 /// iptables). Seeds were chosen so each run's plan has every nemesis it names (checked below).
 fn corpus() -> Vec<Case> {
@@ -71,8 +71,17 @@ fn corpus() -> Vec<Case> {
         ),
         case(14, 3, &[ClockRate, ClockJump, SlowDisk], false, auto, 20),
         case(17, 5, &FaultKind::FAULT_SUITE, true, auto, 25),
-        // Membership: replica moves (5 nodes: a spare node per group) beside kills.
+        // Membership: replica moves (5 nodes: a spare node per group) beside kills; nodes
+        // added, drained, removed and replaced (killed for good) beside kills.
         case(18, 5, &[MoveReplica, Kill], false, auto, 20),
+        case(
+            2577,
+            5,
+            &[AddNode, DrainNode, RemoveNode, ReplaceNode, Kill],
+            false,
+            auto,
+            30,
+        ),
         case(
             15,
             3,

@@ -31,11 +31,13 @@ const FAILED_ONCE: &[u64] = &[
 ];
 
 /// Fixed seeds of the corpus: 1..=48 covers every profile slot on 3 nodes (seed mod 11: one kind
-/// alone, or all of them combined, `move-replica` excepted: it needs a spare node) and on 5 nodes
-/// (the seeds 3 mod 4; slot (seed / 4) mod 12, `move-replica` included; seed 47 is the combined
+/// alone, or all of them combined, the membership kinds excepted: they need a spare node) and,
+/// with 51, 55 and 59, every slot on 5 nodes (the seeds 3 mod 4; slot (seed / 4) mod 15: 43
+/// `move-replica`, 47 `drain-node`, 51 `remove-node`, 55 `replace-node`, 59 the combined
 /// profile on 5 nodes).
 fn corpus() -> Vec<u64> {
     let mut seeds: BTreeSet<u64> = (1..=48).collect();
+    seeds.extend([51, 55, 59]);
     seeds.extend(FAILED_ONCE);
     seeds.into_iter().collect()
 }

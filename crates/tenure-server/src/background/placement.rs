@@ -2,8 +2,10 @@
 //! `cluster.placement_interval_ms` it compares each group's replica set (its own Raft
 //! membership, asked of its leader) with the node table and acts:
 //!
-//! 1. **Dead nodes.** An active or draining node it could not reach for `node_dead_after_ms` is
-//!    declared `Dead` in the table (it becomes `Active` again when it reports itself).
+//! 1. **Dead nodes.** An active node it could not reach (no QUIC connection, which outlives a
+//!    dead process by up to the idle timeout) for `node_dead_after_ms` is declared `Dead` in the
+//!    table (it becomes `Active` again when it reports itself); a draining node is emptied
+//!    whether it answers or not.
 //! 2. **Repair and evacuation.** A group left half-way by a move whose leader changed (a joint
 //!    configuration, a leftover learner) gets that move finished. A voting replica on a node that
 //!    is not active (dead first, then removed, then draining) is moved to the active node with
