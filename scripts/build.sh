@@ -2,7 +2,7 @@
 # One build selection per profile, so every script that needs release binaries shares one
 # RocksDB build (cargo's feature unification gives librocksdb-sys a new build hash, and a new
 # 15-minute C++ compile, for every different package and feature selection):
-#   ./scripts/build.sh release   # tenure, loadgen (with its etcd target), the bench binaries
+#   ./scripts/build.sh release   # tenure, tenurectl, loadgen (with its etcd target), the bench binaries
 # The selection is the cargo alias `build-release` (.cargo/config.toml), so `cargo build-release`
 # typed by hand shares the same build. Used by scripts/run.sh, scripts/bench.sh,
 # bench/compare-etcd.sh, bench/perf-smoke.sh and bench/profile.sh.

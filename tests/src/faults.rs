@@ -57,9 +57,10 @@ pub enum FaultKind {
     /// Drain an active node and remove it for good once it holds no replica (every node then
     /// refuses it and its certificate); a node not yet empty when the step ends is undrained.
     RemoveNode,
-    /// kill -9 a node for good, as when its disk dies: drained and removed from the node table
-    /// at once, its replicas re-created on the others by the controller; a new node (a spare id)
-    /// takes its place where the harness can start one.
+    /// kill -9 a node for good, as when its disk dies: the controller declares it dead (once its
+    /// connections time out) and re-creates its replicas on the others; at the end of the step it
+    /// is drained and removed from the node table, and a new node (a spare id) takes its place
+    /// where the harness can start one.
     ReplaceNode,
 }
 

@@ -110,8 +110,8 @@ pub struct ClusterConfig {
     /// Snapshot bytes this node sends per second, all transfers together (a new replica's
     /// first state, a follower too far behind the log), so that moves leave the network and
     /// the disk to foreground traffic; 0 = no limit, else at least 1 MiB/s (1,048,576). A
-    /// snapshot must still arrive within 60 s (the transfer timeout), so the largest group
-    /// snapshot this node can send is about 60 x this. Default 67,108,864 (64 MiB/s).
+    /// transfer may take the 60 s transfer timeout plus its size over its share of this rate.
+    /// Default 67,108,864 (64 MiB/s).
     pub snapshot_send_bytes_per_s: u64,
 }
 

@@ -313,7 +313,12 @@ impl RaftNetworkV2<TenureRaft> for PeerRaftClient {
         cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TenureRaft>, StreamingError<TenureRaft>> {
-        let timeout = option.soft_ttl();
+        // Raft's transfer timeout, plus the time the snapshot takes at this node's snapshot rate
+        // shared with the other transfers under way (a paced transfer of a large snapshot
+        // would otherwise time out, and start again from the first byte, for ever).
+        let size_bytes = snapshot.snapshot.metadata().map_or(0, |meta| meta.len());
+        let _counted = self.shared.snapshot_pacer.transfer();
+        let timeout = option.soft_ttl() + self.shared.snapshot_pacer.transfer_time(size_bytes);
         let transfer = send_snapshot(&self.shared, self.target, self.group_id, vote, snapshot);
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),

@@ -4,7 +4,8 @@
 //!   clusters of node processes; prints each run's summary and every violation with its slice
 //!   of history; writes a JSON summary (`runs`, `nemeses`, `ops_checked`, `violations`, and per
 //!   run details). Run `i` uses seed `--seed + i`; by default runs rotate through every nemesis
-//!   alone and then all of them combined, alternating 3 and 5 nodes. A failing run prints the
+//!   alone and then all of them combined, alternating 3 and 5 nodes (5 for a membership fault
+//!   alone). A failing run prints the
 //!   command that replays its schedule. Exit status 1 when any run found a violation.
 //! - `nemesis node --config FILE`: one node (what `tenure serve` runs).
 //! - `nemesis client ...`: one client process of a run (see `tenure_tests::harness::workload`).
@@ -312,7 +313,13 @@ fn run_many(args: &RunArgs) -> anyhow::Result<bool> {
     for index in 0..args.runs {
         let seed = base_seed.wrapping_add(index);
         let (run_kinds, combined) = profile(args.mode, &kinds, index);
-        let nodes = args.nodes.unwrap_or(if index % 2 == 0 { 3 } else { 5 });
+        // Membership faults need a node more than the replicas of a group: 5 nodes for them.
+        let membership_only = run_kinds.iter().all(|kind| kind.is_membership());
+        let nodes = args.nodes.unwrap_or(if index % 2 == 0 && !membership_only {
+            3
+        } else {
+            5
+        });
         let mut config = RunConfig::new(seed, exe.clone(), run_kinds.clone());
         config.nodes = nodes;
         config.groups = args.groups;

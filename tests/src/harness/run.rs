@@ -1128,7 +1128,7 @@ async fn apply(
         }
         Fault::ReplaceNode(target) => {
             let node = resolve(*target, shared, client).await?;
-            let active = table_nodes(client, TableState::Active).await?;
+            let active = table_nodes(shared, client, TableState::Active).await?;
             if !active.contains(&node) || active.len() <= MEMBERS_ACTIVE_MIN {
                 return Err(format!(
                     "node {node} is not one of {} or more active nodes ({active:?})",
@@ -1155,13 +1155,23 @@ const MEMBERS_ACTIVE_MIN: usize = 4;
 /// Node processes a run grows to at most (two cores).
 const NODES_RUNNING_MAX: usize = 7;
 
-/// The nodes of the node table in `state`.
-async fn table_nodes(client: &Client, state: TableState) -> Result<Vec<u64>, String> {
-    client
+/// The nodes of the node table in `state` whose process runs (a node killed for good stays
+/// `active` in the table until it is declared dead).
+async fn table_nodes(
+    shared: &Shared,
+    client: &Client,
+    state: TableState,
+) -> Result<Vec<u64>, String> {
+    let listed = client
         .cluster_nodes()
         .await
         .map(|meta| meta.nodes_in(state))
-        .map_err(|error| format!("reading the node table: {error}"))
+        .map_err(|error| format!("reading the node table: {error}"))?;
+    let cluster = shared.cluster.lock().await;
+    Ok(listed
+        .into_iter()
+        .filter(|&id| cluster.state(id) == Some(NodeState::Running))
+        .collect())
 }
 
 /// A change of the node table, as an operator would make it.
@@ -1205,28 +1215,22 @@ async fn add_spare_node(shared: &Shared, client: &Client) -> Result<u64, String>
         .await
         .add_node(node)
         .map_err(|e| e.to_string())?;
+    // The nemesis's client learns the node now (status polls, leader claims).
+    let _ = client.refresh_routing().await;
     Ok(node)
 }
 
 /// An active node `pick` chooses to drain, when more than [`MEMBERS_ACTIVE_MIN`] are active.
 async fn choose_drain(pick: u64, shared: &Shared, client: &Client) -> Result<u64, String> {
-    let active = table_nodes(client, TableState::Active).await?;
+    let active = table_nodes(shared, client, TableState::Active).await?;
     if active.len() <= MEMBERS_ACTIVE_MIN {
-        return Err(format!("only {} active nodes ({active:?})", active.len()));
-    }
-    let running: Vec<u64> = {
-        let cluster = shared.cluster.lock().await;
-        active
-            .iter()
-            .copied()
-            .filter(|&id| cluster.state(id).is_some_and(|s| s != NodeState::Removed))
-            .collect()
-    };
-    if running.is_empty() {
-        return Err("no active node to drain".into());
+        return Err(format!(
+            "only {} active running nodes ({active:?})",
+            active.len()
+        ));
     }
     let mut rng = SmallRng::seed_from_u64(pick);
-    Ok(running[rng.random_range(0..running.len())])
+    Ok(active[rng.random_range(0..active.len())])
 }
 
 /// Ok when every group has one voter set, no learner, and every voter on a node of the cluster
@@ -1270,29 +1274,45 @@ async fn replicas_per_node(client: &Client, groups: u32) -> Result<BTreeMap<u64,
 /// The end of a drain: remove the node when it holds no replica (`remove`), else undrain it.
 async fn end_drain(node: u64, remove: bool, shared: &Shared, client: &Client) -> String {
     let groups = shared.cluster.lock().await.groups();
-    let held = match replicas_per_node(client, groups).await {
-        Ok(replicas) => replicas.get(&node).copied().unwrap_or(0),
-        Err(error) => return format!("node {node} left draining: {error}"),
+    let held = replicas_per_node(client, groups)
+        .await
+        .map(|replicas| replicas.get(&node).copied().unwrap_or(0));
+    let mut detail = match &held {
+        Ok(held) => format!("node {node} held {held} replicas"),
+        Err(error) => format!("node {node}'s replicas unknown ({error})"),
     };
-    if remove && held == 0 {
-        if let Err(error) = change(client, ClusterOp::Remove { node_id: node }).await {
-            return format!("node {node} empty but not removed: {error}");
+    if remove && held == Ok(0) {
+        match change(client, ClusterOp::Remove { node_id: node }).await {
+            Ok(()) => {
+                let stopped = shared.cluster.lock().await.retire(node);
+                return match stopped {
+                    Ok(()) => format!("{detail}; removed and stopped"),
+                    Err(error) => format!("{detail}; removed; stopping it failed: {error}"),
+                };
+            }
+            Err(error) => detail.push_str(&format!("; not removed ({error})")),
         }
-        let stopped = shared.cluster.lock().await.retire(node);
-        return match stopped {
-            Ok(()) => format!("node {node} empty, removed and stopped"),
-            Err(error) => format!("node {node} removed; stopping it failed: {error}"),
-        };
     }
+    // Not confirmed removed: the drain is taken back (a few tries: a fault may be under way).
     let undrain = ClusterOp::SetState {
         node_id: node,
         state: TableState::Active,
     };
-    match change(client, undrain).await {
-        Ok(()) => format!("node {node} held {held} replicas; undrained"),
-        Err(error) => format!("node {node} held {held} replicas; undrain failed: {error}"),
+    for attempt in 1..=UNDRAIN_ATTEMPTS {
+        match change(client, undrain.clone()).await {
+            Ok(()) => return format!("{detail}; undrained"),
+            Err(error) if attempt == UNDRAIN_ATTEMPTS => {
+                return format!("{detail}; undrain failed: {error}");
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
     }
+    detail
 }
+
+/// Tries to take a drain back before the step gives up (each try waits up to the client's
+/// call timeout).
+const UNDRAIN_ATTEMPTS: u32 = 4;
 
 /// The end of a replacement: the killed node drained and removed (wherever the controller got
 /// with it), and a spare node added in its place.
@@ -1335,7 +1355,7 @@ async fn choose_move(
     let mut rng = SmallRng::seed_from_u64(pick);
     let groups = shared.cluster.lock().await.groups();
     // Only active nodes take replicas (the node table's view).
-    let ids = table_nodes(client, TableState::Active).await?;
+    let ids = table_nodes(shared, client, TableState::Active).await?;
     let group = rng.random_range(0..groups.max(1));
     let members = client
         .group_members(group)

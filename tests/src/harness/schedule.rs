@@ -91,8 +91,8 @@ pub enum Fault {
         /// Seeds the choice.
         pick: u64,
     },
-    /// kill -9 a node for good, drain and remove it from the node table at once; at the end
-    /// start a node with the next spare id in its place.
+    /// kill -9 a node for good; at the end drain and remove it from the node table and start a
+    /// node with the next spare id in its place.
     ReplaceNode(NodeTarget),
 }
 

@@ -16,12 +16,14 @@
 //! replica state change the probe sees, every fault, every recorded operation) shows it: the
 //! suite runs a seed twice and compares.
 //!
-//! The seeded nemesis has two streams, so faults combine, over the fault kinds the fault suite
+//! The seeded nemesis has three streams, so faults combine, over the fault kinds the fault suite
 //! shares ([`crate::faults::FaultKind::SIMULATION`]): network faults (`partition-halves`,
 //! `partition-leader`, `partition-one-way`, `partition-bridge`, `hold-messages`,
-//! `lose-messages`) and node faults (`kill` with lost unsynced writes and a restart,
+//! `lose-messages`), node faults (`kill` with lost unsynced writes and a restart,
 //! `clock-rate`, `pause-client`: a client's links held longer than a ttl, a zombie holder whose
-//! fenced writes still land, `clock-jump`). A run draws one kind alone or all of
+//! fenced writes still land, `clock-jump`) and, on 5 nodes, membership (`move-replica`,
+//! `drain-node`, `remove-node`, `replace-node`: a mover on client host 1 moves replicas and
+//! changes the node table as an operator would). A run draws one kind alone or all of
 //! them combined. After every step the [`probe`] checks election safety, replica state equality
 //! at equal applied indexes and monotone log time and tokens; at the end the fault suite's
 //! checker judges the history (single holder, fencing, nothing acknowledged lost, exactly-once,
@@ -354,11 +356,11 @@ fn node_config(options: &SimOptions, id: u64, data_dir: PathBuf, certs: &Path) -
             ..StorageConfig::default()
         },
         // The placement controller looks every second, so the membership nemeses see it act
-        // within a step; a node unreachable for 5 s is dead (a crash for good, rarely a
-        // transient fault: those last at most 4 s).
+        // within a step; a node is dead 2 s after its connections are gone (QUIC's 10 s idle
+        // timeout after its last packet: longer than any transient fault, 4 s at most).
         cluster: ClusterConfig {
             placement_interval_ms: 1_000,
-            node_dead_after_ms: 5_000,
+            node_dead_after_ms: 2_000,
             ..ClusterConfig::default()
         },
         testing: TestingConfig {
@@ -458,8 +460,9 @@ struct Nemesis {
     mover: Mover,
     moves_done: u64,
     moves_failed: u64,
-    /// Nodes drained, crashed for good or removed by the membership nemeses: the other faults
-    /// leave them alone and no move targets them.
+    /// Nodes drained, crashed for good or removed by the membership nemeses: no move targets
+    /// them and no other node leaves while they are out (kills leave `gone` nodes alone; the
+    /// network and clock faults may still pick one, to no effect).
     out: std::collections::BTreeSet<u64>,
     /// Nodes crashed for good (never bounced).
     gone: std::collections::BTreeSet<u64>,
@@ -514,7 +517,11 @@ impl Nemesis {
                 .is_some_and(|(until, _, _)| now_ms >= *until);
             if due_heal {
                 if let Some((_, kind, active)) = self.streams[index].active.take() {
-                    self.heal(now_ms, kind, active, sim, shared, probe);
+                    if let Some(again) = self.heal(now_ms, kind, active, sim, shared, probe) {
+                        // The mover was busy: try again shortly.
+                        self.streams[index].active = Some((now_ms + 200, kind, again));
+                        continue;
+                    }
                 }
                 let pause = self.rng.random_range(300..=2_000);
                 self.streams[index].next_at_ms = now_ms + pause;
@@ -526,11 +533,13 @@ impl Nemesis {
                 let hold_ms = match kind {
                     FaultKind::PauseClient => self.rng.random_range(self.ttl_ms..=self.ttl_ms * 2),
                     FaultKind::HoldMessages => self.rng.random_range(200..=1_500),
-                    // Long enough for the controller (a round a second) to move replicas, and
-                    // for a crashed node to be declared dead (after 5 s).
-                    FaultKind::DrainNode | FaultKind::RemoveNode | FaultKind::ReplaceNode => {
+                    // Long enough for the controller (a round a second) to move replicas.
+                    FaultKind::DrainNode | FaultKind::RemoveNode => {
                         self.rng.random_range(4_000..=12_000)
                     }
+                    // At times long enough for a crashed node to be declared dead first (2 s
+                    // after its connections are gone, which takes QUIC's 10 s idle timeout).
+                    FaultKind::ReplaceNode => self.rng.random_range(8_000..=18_000),
                     _ => self.rng.random_range(500..=4_000),
                 };
                 if let Some(active) = self.apply(now_ms, kind, sim, shared, probe) {
@@ -711,12 +720,19 @@ impl Nemesis {
                 sim.crash(node_name(node));
                 lock(&shared.registry).remove(&node);
                 probe.forget(node);
-                if let Some(disk) = self.disks.get(&node) {
-                    disk.crash();
-                }
+                let lost = self
+                    .disks
+                    .get(&node)
+                    .map_or(0, |disk| disk.crash().lost_batches);
+                self.lost_batches += lost as u64;
                 self.out.insert(node);
                 self.gone.insert(node);
-                self.record(now_ms, kind, true, format!("n{node} crashed for good"));
+                self.record(
+                    now_ms,
+                    kind,
+                    true,
+                    format!("n{node} crashed for good, {lost} unsynced batches lost"),
+                );
                 Active::Replace { node }
             }
             FaultKind::AddNode => return None,
@@ -860,7 +876,7 @@ impl Nemesis {
         sim: &mut turmoil::Sim<'_>,
         shared: &Shared,
         probe: &mut Probe,
-    ) {
+    ) -> Option<Active> {
         let detail = match active {
             Active::Crash { node } => {
                 sim.bounce(node_name(node));
@@ -904,8 +920,11 @@ impl Nemesis {
             Active::Move => String::new(),
             Active::Drain { node, remove } => {
                 // A node crashed by the other stream just now is undrained, not removed (its
-                // restart must not bring back a removed node).
+                // restart must not bring back a removed node); so is one when some group has
+                // no ready leader to say whether it still holds a replica there.
+                let every_group_led = final_voters(shared).len() == self.groups as usize;
                 let empty = remove
+                    && every_group_led
                     && lock(&shared.registry).contains_key(&node)
                     && !Self::hosts_replicas(node, shared);
                 let ops = if empty {
@@ -917,7 +936,10 @@ impl Nemesis {
                     }]
                 };
                 let sent = self.order(MoveOrder::Table { kind, ops });
-                if empty && sent {
+                if !sent {
+                    return Some(Active::Drain { node, remove });
+                }
+                if empty {
                     // Removed: its process stops for good, as an operator's would.
                     sim.crash(node_name(node));
                     lock(&shared.registry).remove(&node);
@@ -925,10 +947,8 @@ impl Nemesis {
                     self.gone.insert(node);
                     format!("n{node} empty: remove it and stop it")
                 } else {
-                    if sent {
-                        self.out.remove(&node);
-                    }
-                    format!("undrain n{node} (sent: {sent})")
+                    self.out.remove(&node);
+                    format!("undrain n{node}")
                 }
             }
             Active::Replace { node } => {
@@ -939,11 +959,14 @@ impl Nemesis {
                     },
                     tenure_core::ClusterOp::Remove { node_id: node },
                 ];
-                let sent = self.order(MoveOrder::Table { kind, ops });
-                format!("drain and remove n{node} (sent: {sent})")
+                if !self.order(MoveOrder::Table { kind, ops }) {
+                    return Some(Active::Replace { node });
+                }
+                format!("drain and remove n{node}")
             }
         };
         self.record(now_ms, kind, false, detail);
+        None
     }
 
     /// Heals everything still in effect.
@@ -956,7 +979,11 @@ impl Nemesis {
     ) {
         for index in 0..self.streams.len() {
             if let Some((_, kind, active)) = self.streams[index].active.take() {
-                self.heal(now_ms, kind, active, sim, shared, probe);
+                if let Some(unhealed) = self.heal(now_ms, kind, active, sim, shared, probe) {
+                    // The mover's queue is full at the very end (64 orders): recorded, not
+                    // retried.
+                    self.record(now_ms, kind, false, format!("not healed: {unhealed:?}"));
+                }
             }
             self.streams[index].next_at_ms = u64::MAX;
         }
@@ -1024,7 +1051,7 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
     let (stop_tx, stop_rx) = watch::channel(None::<Nanos>);
     let mut mover = Mover::default();
     let mover_orders = if kinds.iter().any(|k| k.is_membership()) {
-        let (orders, received) = tokio::sync::mpsc::channel(8);
+        let (orders, received) = tokio::sync::mpsc::channel(64);
         mover.orders = Some(orders);
         Some(received)
     } else {
@@ -1379,7 +1406,7 @@ fn add_clients(
 }
 
 impl Nemesis {
-    /// The nemesis of a run: `kinds` on two streams (network faults, node faults), its own
+    /// The nemesis of a run: `kinds` on three streams (network, node, membership), its own
     /// generator seeded from `rng`.
     fn new(
         options: &SimOptions,

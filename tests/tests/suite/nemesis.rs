@@ -142,6 +142,7 @@ fn short_fault_runs_find_no_violation() {
         seconds,
     } in corpus()
     {
+        let membership = kinds.contains(&FaultKind::AddNode) && !combined;
         let mut config = RunConfig::new(seed, exe(), kinds);
         config.nodes = nodes;
         config.combined = combined;
@@ -171,6 +172,19 @@ fn short_fault_runs_find_no_violation() {
             !report.nemeses.is_empty(),
             "seed {seed}: no fault was applied"
         );
+        if membership {
+            // The membership run proves something only when the cluster did change: a node
+            // added, one replaced, one drained or removed (their preconditions depend on the
+            // cluster's state, so a step may be skipped; not all of them).
+            let applied = |kind: FaultKind| report.nemeses.contains_key(kind.name());
+            assert!(
+                applied(FaultKind::AddNode)
+                    && applied(FaultKind::ReplaceNode)
+                    && (applied(FaultKind::DrainNode) || applied(FaultKind::RemoveNode)),
+                "seed {seed}: membership faults applied: {:?}",
+                report.nemeses
+            );
+        }
         if !report.passed() {
             failed.push((seed, report.violations.len(), report.dir.clone()));
         }

@@ -26,6 +26,12 @@ use crate::one_at_a_time;
 ///   a follower kept sending into its connection to the leader's previous incarnation until
 ///   the idle timeout (the restarted endpoint's stateless resets had a new key, so they were
 ///   ignored). Fixed by keying stateless resets from the node's private key.
+///
+/// A seed replays its original run only with the code it failed on: adding fault kinds changed
+/// the 5-node profile slots (mod 15 since the membership nemeses, mod 12 before), so 101739,
+/// 107591, 108779 and 109395 now draw other profiles, and the controller's 1 s rounds changed
+/// every trace. They stay in the corpus as more seeds of crashes and restarts on 3 and 5 nodes;
+/// they no longer replay the schedules that found those bugs.
 const FAILED_ONCE: &[u64] = &[
     10, 11, 20, 30, 100331, 101739, 104159, 107591, 107920, 108779, 109395,
 ];
