@@ -623,6 +623,31 @@ impl Nemesis {
         }
     }
 
+    /// Stops node `node`'s host: its replicas leave the registry and the probe.
+    fn stop_host(node: u64, sim: &mut turmoil::Sim<'_>, shared: &Shared, probe: &mut Probe) {
+        sim.crash(node_name(node));
+        lock(&shared.registry).remove(&node);
+        probe.forget(node);
+    }
+
+    /// Crashes node `node`'s host and its disk (part of the unsynced writes lost); how many
+    /// unsynced batches were lost.
+    fn crash_host(
+        &mut self,
+        node: u64,
+        sim: &mut turmoil::Sim<'_>,
+        shared: &Shared,
+        probe: &mut Probe,
+    ) -> usize {
+        Self::stop_host(node, sim, shared, probe);
+        let lost = self
+            .disks
+            .get(&node)
+            .map_or(0, |disk| disk.crash().lost_batches);
+        self.lost_batches += lost as u64;
+        lost
+    }
+
     /// Hands `order` to the mover; false when it is busy (the step is skipped).
     fn order(&self, order: MoveOrder) -> bool {
         self.mover
@@ -717,14 +742,7 @@ impl Nemesis {
                     // Crashed by the other stream just now: not this time.
                     return None;
                 }
-                sim.crash(node_name(node));
-                lock(&shared.registry).remove(&node);
-                probe.forget(node);
-                let lost = self
-                    .disks
-                    .get(&node)
-                    .map_or(0, |disk| disk.crash().lost_batches);
-                self.lost_batches += lost as u64;
+                let lost = self.crash_host(node, sim, shared, probe);
                 self.out.insert(node);
                 self.gone.insert(node);
                 self.record(
@@ -741,12 +759,7 @@ impl Nemesis {
                 if self.gone.contains(&node) {
                     return None;
                 }
-                sim.crash(node_name(node));
-                lock(&shared.registry).remove(&node);
-                probe.forget(node);
-                let loss = self.disks.get(&node).map(MemoryDisk::crash);
-                let lost = loss.map_or(0, |loss| loss.lost_batches);
-                self.lost_batches += lost as u64;
+                let lost = self.crash_host(node, sim, shared, probe);
                 self.record(
                     now_ms,
                     kind,
@@ -941,9 +954,7 @@ impl Nemesis {
                 }
                 if empty {
                     // Removed: its process stops for good, as an operator's would.
-                    sim.crash(node_name(node));
-                    lock(&shared.registry).remove(&node);
-                    probe.forget(node);
+                    Self::stop_host(node, sim, shared, probe);
                     self.gone.insert(node);
                     format!("n{node} empty: remove it and stop it")
                 } else {
