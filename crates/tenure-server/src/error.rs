@@ -23,6 +23,13 @@ pub enum ServerError {
     /// Raft refused something at start.
     #[error("raft: {0}")]
     Raft(String),
+    /// The node table refused this data directory as this node's (a member that lost its data
+    /// came back under its old id, or the node was removed): the node stopped serving.
+    #[error(
+        "excluded from the cluster: {0} (remove the node with `tenurectl node remove` and start \
+         it under a new node_id with cluster.join_existing = true)"
+    )]
+    Excluded(String),
     /// The process's descriptor limit cannot hold what the node may open.
     #[error("descriptor limit: {0}")]
     DescriptorLimit(String),

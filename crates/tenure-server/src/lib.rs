@@ -27,6 +27,8 @@
 //! - [`placement`]: the configured layout: which nodes a fresh cluster places each group on.
 //! - [`replicas`]: this node's replicas: opened at start from the recorded set (the layout on a
 //!   data directory's first start), created and dropped at run time.
+//! - [`replica_gate`]: keeps peers away from a first start's replicas until the node table
+//!   accepts this data directory (a member that lost its data must not vote or acknowledge).
 //! - [`membership`]: moving a group's replica between nodes (learner, catch-up, joint
 //!   consensus, drop), run by the group's leader.
 //! - [`client_server`]: the QUIC side of the client protocol.
@@ -62,6 +64,7 @@ pub mod membership;
 pub mod metrics;
 pub mod node;
 pub mod placement;
+pub mod replica_gate;
 pub mod replicas;
 pub mod request;
 pub mod serve;

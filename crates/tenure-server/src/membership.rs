@@ -527,6 +527,17 @@ impl NodeShared {
     /// left) and records it. `Ok(false)` when it already hosts one.
     pub(crate) async fn add_replica(&self, group: u32) -> Result<bool, WireError> {
         self.check_group_id(group)?;
+        if !self.replica_gate.is_open() {
+            return Err(WireError::new(
+                tenure_core::ErrorCode::Unavailable,
+                if self.replica_gate.is_excluded() {
+                    "this node was excluded from the cluster (its data directory is not the one \
+                     the node table knows for its id): it hosts no replica"
+                } else {
+                    "this node's data directory is not admitted by the node table yet"
+                },
+            ));
+        }
         let factory = &self.replicas;
         let _serial = factory.serial.lock().await;
         if self.group(group).is_some() {
@@ -622,17 +633,23 @@ impl NodeShared {
 /// Founds this node's fresh groups (its first start only: `fresh` are the groups it is the
 /// preferred node of, not initialized here), then records its replicas (`to_record`).
 ///
-/// A group is founded only after every other node answered `Status` and none holds an
-/// initialized replica of it (a term or a log): on a new cluster nobody does; a node that lost
-/// its data and starts empty finds its groups alive elsewhere and joins them instead (their
-/// leader brings its empty replica up to date). Until every node answered, it asks again every
-/// second (bounded per attempt), saying whom it waits for every 30 s.
+/// First the replica gate settles (`crate::replica_gate`): a data directory the node table
+/// knows under another incarnation (a member that lost its data) is excluded here and founds,
+/// joins and records nothing. A group is founded only after every other node answered `Status`
+/// and none holds an initialized replica of it (a term or a log): on a new cluster nobody does;
+/// a node admitted on its first start into a running cluster (one the table never saw report,
+/// such as a node that crashed before its first report) finds its groups alive elsewhere and
+/// joins them instead. Until every node answered, it asks again every second (bounded per
+/// attempt), saying whom it waits for every 30 s.
 pub(crate) async fn bootstrap(
     shared: Arc<NodeShared>,
     fresh: Vec<FreshGroup>,
     to_record: Option<BTreeSet<u32>>,
 ) {
     let me = shared.config.node_id;
+    if !crate::background::cluster_sync::settle_replica_gate(&shared).await {
+        return;
+    }
     let mut existing: BTreeMap<u32, u64> = BTreeMap::new();
     if !fresh.is_empty() {
         let mut answered: BTreeSet<u64> = BTreeSet::new();

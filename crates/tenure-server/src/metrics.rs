@@ -103,6 +103,10 @@ pub const DATA_DIR_AVAILABLE_BYTES: &str = "tenure_data_dir_available_bytes";
 pub const DATA_DIR_TOTAL_BYTES: &str = "tenure_data_dir_total_bytes";
 /// 1 when the node is ready (as `GET /readyz`), else 0.
 pub const NODE_READY: &str = "tenure_node_ready";
+/// Times this node was excluded from the cluster: its data directory is not the one the node
+/// table knows for its id (a member that lost its data; `crate::replica_gate`). Never 0 -> 1 in
+/// a healthy cluster.
+pub const NODE_EXCLUSIONS_TOTAL: &str = "tenure_node_exclusions_total";
 /// Replicas this node created at run time (a membership change added it to a group).
 pub const REPLICAS_CREATED_TOTAL: &str = "tenure_replicas_created_total";
 /// Replicas this node dropped at run time (it left a group).
@@ -153,6 +157,7 @@ pub const COUNTERS: &[&str] = &[
     REPLICAS_DROPPED_TOTAL,
     REPLICA_MOVES_TOTAL,
     PLACEMENT_DECISIONS_TOTAL,
+    NODE_EXCLUSIONS_TOTAL,
 ];
 
 /// Every gauge the node exports (registered at zero at start).

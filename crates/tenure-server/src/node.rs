@@ -38,6 +38,7 @@ use crate::fault_control::FaultControls;
 use crate::forward::Forwarder;
 use crate::group::{GroupHandle, GroupSettings, LeaderView};
 use crate::metrics as m;
+use crate::replica_gate::ReplicaGate;
 use crate::replicas::{ReplicaFactory, ReplicaSettings};
 use crate::request::Service;
 use crate::shared::NodeShared;
@@ -174,7 +175,10 @@ impl Node {
         let transport_config =
             transport_config(&config, &env, own.addr, peer_addrs.clone(), &storage);
         let table = Arc::new(GroupTable::new(spool_dir));
-        let registry: Arc<dyn GroupRegistry> = table.clone();
+        // Pending until the replicas this node opens are known to be safe to reach (restarts with
+        // recorded replicas open it below; a first start settles it in `membership::bootstrap`).
+        let replica_gate = Arc::new(ReplicaGate::new(table.clone(), false));
+        let registry: Arc<dyn GroupRegistry> = replica_gate.clone();
         let client_server = ClientServer::new();
         // The transport's fault layer exists only on a node whose faults tests control.
         let link_faults = config
@@ -250,6 +254,9 @@ impl Node {
             },
         );
         let at_start = factory.open_at_start(&config).await?;
+        if at_start.to_record.is_none() {
+            replica_gate.open();
+        }
         let heartbeat = tenure_transport::spawn_heartbeat_driver(
             registry,
             Duration::from_millis(timing.heartbeat_interval_ms),
@@ -265,6 +272,7 @@ impl Node {
             clock.clone(),
             fault_controls,
             (cert_sha256, incarnation),
+            replica_gate,
         )?);
         shared
             .transport
@@ -325,6 +333,18 @@ impl Node {
     /// as the fault-injection suite does through `/testing/faults`.
     pub fn fault_controls(&self) -> Option<Arc<FaultControls>> {
         self.shared.fault_controls.clone()
+    }
+
+    /// Why this node was excluded from the cluster (a data directory the node table does not
+    /// know as this node's: `crate::replica_gate`), as soon as it is; `None` until then.
+    pub fn excluded(&self) -> watch::Receiver<Option<String>> {
+        self.shared.replica_gate.excluded()
+    }
+
+    /// True once peers may reach this node's replicas (`crate::replica_gate`: at once on a
+    /// restart, after the node table admitted the data directory on a first start).
+    pub fn replicas_admitted(&self) -> bool {
+        self.shared.replica_gate.is_open()
     }
 
     /// The request handler.
@@ -515,6 +535,7 @@ fn shared_state(
     clock: Arc<dyn MonotonicClock>,
     fault_controls: Option<Arc<FaultControls>>,
     (cert_sha256, incarnation): ([u8; 32], u64),
+    replica_gate: Arc<ReplicaGate>,
 ) -> Result<NodeShared, ServerError> {
     let placement = PlacementMap::uniform(PLACEMENT_VERSION, config.groups, SLOT_COUNT_DEFAULT)
         .map_err(|e| ServerError::Config(format!("placement: {e}")))?;
@@ -546,6 +567,7 @@ fn shared_state(
         cluster_follow: Mutex::new(()),
         cert_sha256,
         incarnation,
+        replica_gate,
         config,
     })
 }

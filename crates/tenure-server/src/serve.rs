@@ -120,9 +120,15 @@ pub async fn serve_until_signalled(config: ServerConfig) -> Result<(), ServerErr
         http = %node.http_addr(),
         "node started"
     );
+    let mut excluded = node.excluded();
     let received = tokio::select! {
         _ = interrupt.recv() => "SIGINT",
         _ = terminate.recv() => "SIGTERM",
+        Ok(reason) = excluded.wait_for(Option::is_some) => {
+            let reason = reason.clone().unwrap_or_default();
+            node.stop().await;
+            return Err(ServerError::Excluded(reason));
+        }
     };
     info!(
         node = node_id,

@@ -73,6 +73,8 @@ pub struct NodeShared {
     pub(crate) cert_sha256: [u8; 32],
     /// This node's data directory incarnation (its creation time; reported in `NodeUp`).
     pub(crate) incarnation: u64,
+    /// Whether peers may reach this node's replicas (`crate::replica_gate`).
+    pub(crate) replica_gate: Arc<crate::replica_gate::ReplicaGate>,
 }
 
 impl std::fmt::Debug for NodeShared {
@@ -170,7 +172,10 @@ impl NodeShared {
         let shutting_down = self.shutting_down.load(Ordering::SeqCst);
         let storage_failure = self.storage.node_failure();
         Readiness {
-            ready: with_leader == groups && !shutting_down && storage_failure.is_none(),
+            ready: with_leader == groups
+                && !shutting_down
+                && storage_failure.is_none()
+                && self.replica_gate.is_open(),
             groups,
             groups_with_leader: with_leader,
             groups_led: led,

@@ -217,6 +217,15 @@ impl MemoryDisk {
         }
     }
 
+    /// The disk was replaced (or its contents deleted): everything on it, synced or not, is
+    /// gone. Call it only while no node uses the disk.
+    pub fn wipe(&self) {
+        let mut state = self.lock();
+        state.unsynced.clear();
+        state.durable = Default::default();
+        state.visible = Default::default();
+    }
+
     /// Syncs performed so far.
     pub fn syncs(&self) -> u64 {
         self.lock().syncs

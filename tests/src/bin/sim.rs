@@ -66,6 +66,11 @@ struct Summary {
     /// Seeds whose run ended with a voter still on a node taken out (the controller had not
     /// finished re-creating it; not a violation).
     seeds_ending_with_voters_on_gone_nodes: u64,
+    /// Of the nodes crashed for good, those brought back at once with a wiped disk under their
+    /// old id, and of those the ones that excluded themselves before the run ended (the others
+    /// stayed closed: refused by every node once removed). None may be admitted (`amnesia`).
+    nodes_wiped: u64,
+    nodes_excluded: u64,
     late_writes: u64,
     late_writes_rejected: u64,
     nemeses: BTreeMap<String, u64>,
@@ -82,7 +87,7 @@ fn line(report: &SimReport, wall_s: f64) -> String {
     format!(
         "sim seed {}: {} nodes, {}: faults [{}]; {:.1} simulated s in {:.1} s; {} ops checked; \
          {} elections; {} states compared; {} unsynced batches lost; {} moves ({} failed); nodes gone \
-         {:?}, final voters {:?}; {} late writes ({} rejected); trace {:016x}; {} violation(s)",
+         {:?} (wiped and back {:?}, excluded {:?}), final voters {:?}; {} late writes ({} rejected); trace {:016x}; {} violation(s)",
         report.seed,
         report.nodes,
         report.profile,
@@ -96,6 +101,8 @@ fn line(report: &SimReport, wall_s: f64) -> String {
         report.moves_done,
         report.moves_failed,
         report.nodes_gone,
+        report.nodes_wiped,
+        report.nodes_excluded,
         report.final_voters,
         report.late_writes,
         report.late_writes_rejected,
@@ -123,6 +130,8 @@ fn main() -> anyhow::Result<()> {
         moves_failed: 0,
         nodes_gone: 0,
         seeds_ending_with_voters_on_gone_nodes: 0,
+        nodes_wiped: 0,
+        nodes_excluded: 0,
         late_writes: 0,
         late_writes_rejected: 0,
         nemeses: BTreeMap::new(),
@@ -146,6 +155,12 @@ fn main() -> anyhow::Result<()> {
         summary.moves_done += report.moves_done;
         summary.moves_failed += report.moves_failed;
         summary.nodes_gone += report.nodes_gone.len() as u64;
+        summary.nodes_wiped += report.nodes_wiped.len() as u64;
+        summary.nodes_excluded += report
+            .nodes_excluded
+            .iter()
+            .filter(|node| report.nodes_wiped.contains(node))
+            .count() as u64;
         if report.voters_on_gone_nodes > 0 {
             summary.seeds_ending_with_voters_on_gone_nodes += 1;
         }
@@ -191,7 +206,7 @@ fn main() -> anyhow::Result<()> {
         0.0
     };
     println!(
-        "sim summary: {} seeds, {:.1} simulated h, {:.0} wall s ({:.1} simulated s per wall s), {} ops checked, {} elections, {} replica moves ({} failed), {} nodes taken out for good ({} seeds ended with a voter still on one), nemeses {:?}, {} seed(s) with violations",
+        "sim summary: {} seeds, {:.1} simulated h, {:.0} wall s ({:.1} simulated s per wall s), {} ops checked, {} elections, {} replica moves ({} failed), {} nodes taken out for good ({} seeds ended with a voter still on one; {} came back wiped under their old id, {} of them excluded, 0 admitted or the seed fails), nemeses {:?}, {} seed(s) with violations",
         summary.seeds,
         summary.simulated_s / 3_600.0,
         summary.wall_s,
@@ -202,6 +217,8 @@ fn main() -> anyhow::Result<()> {
         summary.moves_failed,
         summary.nodes_gone,
         summary.seeds_ending_with_voters_on_gone_nodes,
+        summary.nodes_wiped,
+        summary.nodes_excluded,
         summary.nemeses,
         summary.violations.len()
     );

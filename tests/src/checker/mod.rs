@@ -60,6 +60,9 @@ pub enum Property {
     ElectionSafety,
     /// A node process exited by itself (a broken invariant aborts it).
     NodeCrash,
+    /// A node that lost its data rejoined its groups under its old id (the simulation's wiped
+    /// replace-node: its replicas must never be admitted).
+    Amnesia,
 }
 
 impl Property {
@@ -74,6 +77,7 @@ impl Property {
             Property::Liveness => "liveness",
             Property::ElectionSafety => "election-safety",
             Property::NodeCrash => "node-crash",
+            Property::Amnesia => "amnesia",
         }
     }
 }

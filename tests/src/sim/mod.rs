@@ -35,7 +35,7 @@
 pub mod net;
 pub mod probe;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -170,6 +170,13 @@ pub struct SimReport {
     /// Nodes the membership nemeses took out for good (crashed and removed, or drained empty
     /// and removed).
     pub nodes_gone: Vec<u64>,
+    /// Nodes brought back with a wiped disk under their old id (replace-node, half the time).
+    #[serde(default)]
+    pub nodes_wiped: Vec<u64>,
+    /// Nodes that excluded themselves (the node table refused their data directory). A wiped
+    /// node that is not here stayed closed until the end (its peers refused it once removed).
+    #[serde(default)]
+    pub nodes_excluded: Vec<u64>,
     /// Each group's voters at the end, as its ready leader saw them (groups without a ready
     /// leader at that moment are missing).
     pub final_voters: BTreeMap<u32, Vec<u64>>,
@@ -261,6 +268,13 @@ struct Shared {
     registry: Mutex<Registry>,
     incarnations: Mutex<BTreeMap<u64, u64>>,
     host_errors: Mutex<Vec<String>>,
+    /// Nodes the nemesis brought back with a wiped disk under their old id (replace-node).
+    wiped: Mutex<BTreeSet<u64>>,
+    /// Of those, the ones whose replicas the node table admitted after the wipe: a member that
+    /// lost its votes and acknowledged entries rejoined as if it had not (must stay empty).
+    admitted_after_wipe: Mutex<BTreeSet<u64>>,
+    /// Nodes that excluded themselves, with the reason.
+    exclusions: Mutex<BTreeMap<u64, String>>,
 }
 
 /// Certificates for the run's nodes, generated once per process (Ed25519: fixed-size
@@ -453,6 +467,7 @@ struct Nemesis {
     counts: BTreeMap<String, u64>,
     events: Vec<FaultEvent>,
     disks: BTreeMap<u64, MemoryDisk>,
+    data_dirs: BTreeMap<u64, PathBuf>,
     wall_clocks: BTreeMap<u64, Arc<SimWallClock>>,
     /// Each node's clock rate as the nemesis wants it (a task on the node's host applies it).
     clock_rates: BTreeMap<u64, Arc<watch::Sender<i64>>>,
@@ -648,6 +663,38 @@ impl Nemesis {
         lost
     }
 
+    /// Replaces node `node`'s disk by an empty one and its data directory by a new one (another
+    /// incarnation: its identity's creation time differs from the old one's). Call it only while
+    /// the node's host is down. False when the directory could not be replaced.
+    fn wipe(&mut self, node: u64) -> bool {
+        let (Some(disk), Some(data_dir)) = (self.disks.get(&node), self.data_dirs.get(&node))
+        else {
+            return false;
+        };
+        let old = tenure_server::identity::read_identity(data_dir)
+            .ok()
+            .flatten()
+            .map(|identity| identity.created_unix_ms);
+        disk.wipe();
+        for _ in 0..100 {
+            if std::fs::remove_dir_all(data_dir).is_err()
+                || tenure_server::identity::claim_data_dir(data_dir, node, CLUSTER_NAME).is_err()
+            {
+                return false;
+            }
+            let new = tenure_server::identity::read_identity(data_dir)
+                .ok()
+                .flatten()
+                .map(|identity| identity.created_unix_ms);
+            if new.is_some() && new != old {
+                return true;
+            }
+            // Claimed within the same millisecond as the old directory: again, a moment later.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
     /// Hands `order` to the mover; false when it is busy (the step is skipped).
     fn order(&self, order: MoveOrder) -> bool {
         self.mover
@@ -745,11 +792,26 @@ impl Nemesis {
                 let lost = self.crash_host(node, sim, shared, probe);
                 self.out.insert(node);
                 self.gone.insert(node);
+                // Half the time an operator's mistake follows: the node comes back at once with
+                // a new, empty disk under its old id (its groups still count it as a voter). It
+                // must exclude itself, never admitted by the node table.
+                let wiped = self.rng.random_bool(0.5) && self.wipe(node);
+                if wiped {
+                    lock(&shared.wiped).insert(node);
+                    sim.bounce(node_name(node));
+                }
                 self.record(
                     now_ms,
                     kind,
                     true,
-                    format!("n{node} crashed for good, {lost} unsynced batches lost"),
+                    format!(
+                        "n{node} crashed for good, {lost} unsynced batches lost{}",
+                        if wiped {
+                            "; back at once with a wiped disk under its old id"
+                        } else {
+                            ""
+                        }
+                    ),
                 );
                 Active::Replace { node }
             }
@@ -1174,6 +1236,7 @@ fn build_simulation(
 /// What the nemesis controls of each node host.
 struct NodeHandles {
     disks: BTreeMap<u64, MemoryDisk>,
+    data_dirs: BTreeMap<u64, PathBuf>,
     wall_clocks: BTreeMap<u64, Arc<SimWallClock>>,
     clock_rates: BTreeMap<u64, Arc<watch::Sender<i64>>>,
     base_rate_ppm: BTreeMap<u64, i64>,
@@ -1191,6 +1254,7 @@ fn add_nodes(
 ) -> NodeHandles {
     let mut handles = NodeHandles {
         disks: BTreeMap::new(),
+        data_dirs: BTreeMap::new(),
         wall_clocks: BTreeMap::new(),
         clock_rates: BTreeMap::new(),
         base_rate_ppm: BTreeMap::new(),
@@ -1204,6 +1268,7 @@ fn add_nodes(
         };
         handles.base_rate_ppm.insert(id, rate_ppm);
         let data_dir = scratch.join(node_name(id));
+        handles.data_dirs.insert(id, data_dir.clone());
         let mut config = node_config(options, id, data_dir.clone(), certs);
         config.testing.clock_rate_ppm = rate_ppm;
         let node_seed: u64 = rng.random();
@@ -1237,6 +1302,15 @@ fn add_nodes(
                 };
                 lock(&shared.registry)
                     .insert(id, node.groups().iter().map(Arc::downgrade).collect());
+                let mut excluded = node.excluded();
+                let exclusions = shared.clone();
+                tokio::spawn(async move {
+                    let reason = match excluded.wait_for(Option::is_some).await {
+                        Ok(reason) => reason.clone().unwrap_or_default(),
+                        Err(_) => return,
+                    };
+                    lock(&exclusions.exclusions).insert(id, reason);
+                });
                 if let Some(controls) = node.fault_controls() {
                     tokio::spawn(follow_clock_rate(controls, clock_rate.subscribe()));
                 }
@@ -1244,6 +1318,9 @@ fn add_nodes(
                 let mut hosted: Vec<u32> = node.groups().iter().map(|g| g.group_id()).collect();
                 loop {
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                    if node.replicas_admitted() && lock(&shared.wiped).contains(&id) {
+                        lock(&shared.admitted_after_wipe).insert(id);
+                    }
                     let groups = node.groups();
                     let now: Vec<u32> = groups.iter().map(|g| g.group_id()).collect();
                     if now != hosted {
@@ -1458,6 +1535,7 @@ impl Nemesis {
             counts: BTreeMap::new(),
             events: Vec::new(),
             disks: nodes.disks,
+            data_dirs: nodes.data_dirs,
             wall_clocks: nodes.wall_clocks,
             clock_rates: nodes.clock_rates,
             lost_batches: 0,
@@ -1602,6 +1680,20 @@ fn judge(
         });
     }
 
+    for &node in lock(&shared.admitted_after_wipe).iter() {
+        violations.push(Violation {
+            property: Property::Amnesia,
+            resource: None,
+            message: format!(
+                "node {node} came back with a wiped disk under its old id and its replicas were \
+                 admitted (they could vote again in terms they voted in, and forget \
+                 acknowledged entries)"
+            ),
+            ops: Vec::new(),
+            writes: Vec::new(),
+        });
+    }
+
     let history = History {
         ops: lock(&clients.ops).values().cloned().collect(),
         writes: clients.fence.records(),
@@ -1643,6 +1735,8 @@ fn judge(
         moves_done: nemesis.moves_done,
         moves_failed: nemesis.moves_failed,
         nodes_gone: nemesis.gone.iter().copied().collect(),
+        nodes_wiped: lock(&shared.wiped).iter().copied().collect(),
+        nodes_excluded: lock(&shared.exclusions).keys().copied().collect(),
         voters_on_gone_nodes: ran
             .final_voters
             .values()

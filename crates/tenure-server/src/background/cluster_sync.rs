@@ -34,6 +34,140 @@ const STALE_REPLICA_CHECK_ROUNDS: u64 = 10;
 /// How often a standing problem (not in the table, removed) is logged again.
 const COMPLAINT_INTERVAL: Duration = Duration::from_secs(30);
 
+/// How long one `ClusterNodes` question may take while the replica gate is pending.
+const GATE_CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Settles a pending replica gate (`crate::replica_gate`) on a data directory's first start.
+/// Returns true once the gate is open, false when this node was excluded.
+///
+/// While no other node knows a node table (every other node answered with version 0) the
+/// cluster is new and nobody has state to lose: the gate opens. Once one does, the table
+/// decides through this node's `NodeUp`: accepted (this incarnation, or one the table never
+/// recorded) opens the gate; refused (another incarnation of this id, a removed node) excludes
+/// the node. Anything else (no answer, no metadata leader) is asked again every second, and
+/// whom it waits for is said every 30 s.
+pub(crate) async fn settle_replica_gate(shared: &Arc<NodeShared>) -> bool {
+    let me = shared.config.node_id;
+    let gate = &shared.replica_gate;
+    let mut last_said: Option<Instant> = None;
+    let mut table_exists = false;
+    loop {
+        if gate.is_open() {
+            return true;
+        }
+        if gate.is_excluded() {
+            return false;
+        }
+        let say = last_said.is_none_or(|at| at.elapsed() >= COMPLAINT_INTERVAL);
+        if !table_exists {
+            let others = shared.other_nodes();
+            let mut silent = Vec::new();
+            for &peer in &others {
+                match shared
+                    .ask_node(
+                        peer,
+                        tenure_proto::client::RequestBody::ClusterNodes,
+                        GATE_CALL_TIMEOUT,
+                    )
+                    .await
+                {
+                    Ok(tenure_proto::client::ResponseBody::Cluster(meta)) => {
+                        if meta.version > 0 {
+                            shared.adopt_cluster_view(meta);
+                            table_exists = true;
+                            break;
+                        }
+                    }
+                    _ => silent.push(peer),
+                }
+            }
+            if !table_exists {
+                if silent.is_empty() {
+                    info!(
+                        node = me,
+                        "no node knows a node table yet (a new cluster): this node's replicas \
+                         are open to its peers"
+                    );
+                    return gate.open();
+                }
+                if say {
+                    last_said = Some(Instant::now());
+                    warn!(
+                        node = me,
+                        waiting = ?silent,
+                        "first start of this data directory: its replicas stay closed until \
+                         every other node answers (a new cluster) or the node table admits it"
+                    );
+                }
+                tokio::time::sleep(SYNC_INTERVAL).await;
+                continue;
+            }
+        }
+        let Some(own) = own_addresses(shared) else {
+            return exclude(
+                shared,
+                "this node is not in its own configured peers".into(),
+            );
+        };
+        let op = ClusterOp::NodeUp {
+            node: own,
+            cert_sha256: shared.cert_sha256,
+            incarnation: shared.incarnation,
+        };
+        match shared.cluster_change_from_here(op).await {
+            Ok(change) => {
+                info!(
+                    node = me,
+                    version = change.version,
+                    incarnation = shared.incarnation,
+                    "the node table admitted this data directory: this node's replicas are open \
+                     to its peers"
+                );
+                return gate.open();
+            }
+            Err(error) if error.code == tenure_core::ErrorCode::Forbidden => {
+                return exclude(shared, error.message);
+            }
+            Err(error) => {
+                if say {
+                    last_said = Some(Instant::now());
+                    warn!(
+                        node = me,
+                        "first start of this data directory: its replicas stay closed until the \
+                         node table admits it ({error})"
+                    );
+                }
+                tokio::time::sleep(SYNC_INTERVAL).await;
+            }
+        }
+    }
+}
+
+/// Excludes this node: closes the replica gate for good, stops its replicas and its transport
+/// (peers then see it unreachable, and the placement controller re-creates its replicas after
+/// `node_dead_after_ms`). Returns false (the gate did not open).
+fn exclude(shared: &Arc<NodeShared>, reason: String) -> bool {
+    let me = shared.config.node_id;
+    if !shared.replica_gate.exclude(reason.clone()) {
+        return false;
+    }
+    ::metrics::counter!(crate::metrics::NODE_EXCLUSIONS_TOTAL).increment(1);
+    error!(
+        node = me,
+        "EXCLUDED: {reason}. This node stops serving: a member that lost its data must not vote \
+         or acknowledge under its old id. Remove it (`tenurectl node remove {me}`) and start it \
+         as a new node (a new node_id, `cluster.join_existing = true`)"
+    );
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        for handle in shared.hosted() {
+            handle.stop().await;
+        }
+        shared.transport.shutdown().await;
+    });
+    false
+}
+
 /// Runs until the node shuts down.
 pub(crate) async fn run_cluster_sync(shared: Arc<NodeShared>) {
     let me = shared.config.node_id;
@@ -93,6 +227,18 @@ pub(crate) async fn run_cluster_sync(shared: Arc<NodeShared>) {
                     );
                 }
             }
+            Some(record) if record.incarnation != 0 && record.incarnation != shared.incarnation => {
+                // The table knows this id with another data directory: whatever this one holds
+                // is not what the others count on.
+                exclude(
+                    &shared,
+                    format!(
+                        "the node table knows node {me} with another data directory \
+                         (incarnation {}, this one {})",
+                        record.incarnation, shared.incarnation
+                    ),
+                );
+            }
             Some(record) => {
                 if needs_report(&shared, record)
                     && last_report.is_none_or(|at| at.elapsed() >= report_every)
@@ -112,7 +258,7 @@ pub(crate) async fn run_cluster_sync(shared: Arc<NodeShared>) {
 }
 
 /// This node's addresses as configured.
-fn own_addresses(shared: &NodeShared) -> Option<NodeAddresses> {
+pub(crate) fn own_addresses(shared: &NodeShared) -> Option<NodeAddresses> {
     let me = shared.config.node_id;
     shared.config.peers.get(&me).map(|peer| NodeAddresses {
         node_id: me,

@@ -4,7 +4,8 @@
 //! balanced; the second one starts before it is announced, and its early connections count as a
 //! node's once it is), drains and removes a node (its replicas leave, then every node refuses it), and
 //! re-creates the replicas of a node killed for good once it was unreachable longer than
-//! `node_dead_after_ms`; the groups then survive a second kill. Every lease acquired at the start
+//! `node_dead_after_ms` (the node comes back at once with its data wiped under its old id and is
+//! excluded: its empty replicas never vote); the groups then survive a second kill. Every lease acquired at the start
 //! is still there, with its token, at the end.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -293,9 +294,31 @@ async fn the_cluster_grows_drains_removes_and_heals_with_every_lease() {
     assert!(again.is_err(), "{again:?}");
     cluster.terminate(2);
 
-    // Kill node 3 for good: after node_dead_after_ms it is declared dead and its replicas are
+    // Kill node 3 for good, and bring it back at once under its old id with its data lost (a
+    // new, empty data directory: another incarnation). Its groups still count it as a voter,
+    // so an empty replica answering votes and appends could lose acknowledged leases: the node
+    // table refuses the new incarnation, and the node excludes itself (its replicas never open
+    // to its peers) and exits. After node_dead_after_ms it is declared dead and its replicas are
     // re-created on nodes 1, 4 and 5.
     cluster.kill(3);
+    let data_dir = cluster.node(3).data_dir.clone();
+    std::fs::remove_dir_all(&data_dir).unwrap();
+    cluster.restart(3);
+    let status = cluster.wait_exit(3, Duration::from_secs(60));
+    assert!(!status.success(), "the wiped node 3 must exit: {status}");
+    let log = std::fs::read_to_string(&cluster.node(3).log_path).unwrap();
+    let last_start = log.rfind("test harness: starting node 3").unwrap();
+    let wiped_run = &log[last_start..];
+    assert!(
+        wiped_run.contains("EXCLUDED") && wiped_run.contains("another data directory"),
+        "node 3's last run: {wiped_run}"
+    );
+    assert!(
+        !wiped_run.contains("created a replica of the group on this node")
+            && !wiped_run.contains("bootstrapped a fresh group"),
+        "the wiped node created or founded a replica: {wiped_run}"
+    );
+    println!("wiped node 3 restarted under its old id: excluded and exited ({status})");
     wait_state(&client, 3, NodeState::Dead).await;
     let healed = wait_replicas(&client, "node 3's replicas re-created", |counts| {
         !counts.contains_key(&3) && counts.values().sum::<usize>() == GROUPS as usize * 3

@@ -1,0 +1,139 @@
+//! The gate between the peer transport and this node's replicas: closed on a data directory's
+//! first start until the node has shown it is not a member that lost its data.
+//!
+//! Raft's safety rests on every voter remembering its votes and the entries it acknowledged. A
+//! node whose data directory was wiped (a disk replaced, a directory deleted) and that comes back
+//! under its old id would start with empty replicas: it could grant a second vote in a term it
+//! already voted in, or help elect a leader without an entry it had acknowledged, and a
+//! committed, acknowledged lease would be lost. The data directory's incarnation (its identity
+//! file's creation time, reported in `NodeUp` and kept in the replicated node table) tells the
+//! two apart: the table refuses a `NodeUp` of a known node with another incarnation. So on a
+//! first start the gate stays closed (the transport sees no replica: no vote, no append, no
+//! snapshot reaches one, and no replica is created) until either every other node says no node
+//! table exists yet (a new cluster: nobody has state to lose), or the node table accepts this
+//! node's `NodeUp`. When the table refuses it, the node is excluded: the gate stays closed, its
+//! replicas and its transport stop (so the placement controller sees it unreachable and
+//! re-creates its replicas elsewhere after `node_dead_after_ms`), and `tenure serve` exits with
+//! the reason. The way back is a new id (`tenurectl node remove`, then join as a new node).
+//!
+//! A restart from a data directory that holds recorded replicas opens the gate at once.
+//!
+//! Must not depend on: the request path, the background loops (they consult the gate).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use tenure_transport::{GroupRaft, GroupRegistry, GroupTable};
+use tokio::sync::watch;
+
+const PENDING: u8 = 0;
+const OPEN: u8 = 1;
+const EXCLUDED: u8 = 2;
+
+/// The gate (see the module documentation). The transport and the heartbeat driver hold it as
+/// their [`GroupRegistry`].
+#[derive(Debug)]
+pub struct ReplicaGate {
+    table: Arc<GroupTable>,
+    state: AtomicU8,
+    /// The reason once excluded (`None` until then).
+    excluded: watch::Sender<Option<String>>,
+}
+
+impl ReplicaGate {
+    /// A gate over `table`: open when `open` (a restart with recorded replicas), else pending.
+    pub fn new(table: Arc<GroupTable>, open: bool) -> Self {
+        ReplicaGate {
+            table,
+            state: AtomicU8::new(if open { OPEN } else { PENDING }),
+            excluded: watch::Sender::new(None),
+        }
+    }
+
+    /// True once the replicas may be reached by peers.
+    pub fn is_open(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == OPEN
+    }
+
+    /// True once this node was excluded.
+    pub fn is_excluded(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == EXCLUDED
+    }
+
+    /// Opens a pending gate. An excluded node stays excluded: returns false then.
+    pub(crate) fn open(&self) -> bool {
+        match self
+            .state
+            .compare_exchange(PENDING, OPEN, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => true,
+            Err(current) => current == OPEN,
+        }
+    }
+
+    /// Closes the gate for good and records why. Returns false when it was excluded already.
+    pub(crate) fn exclude(&self, reason: String) -> bool {
+        if self.state.swap(EXCLUDED, Ordering::SeqCst) == EXCLUDED {
+            return false;
+        }
+        self.excluded.send_replace(Some(reason));
+        true
+    }
+
+    /// The reason this node was excluded, as soon as it is (`None` until then).
+    pub fn excluded(&self) -> watch::Receiver<Option<String>> {
+        self.excluded.subscribe()
+    }
+}
+
+impl GroupRegistry for ReplicaGate {
+    fn group(&self, group_id: u32) -> Option<GroupRaft> {
+        if self.is_open() {
+            self.table.group(group_id)
+        } else {
+            None
+        }
+    }
+
+    fn groups(&self) -> Vec<GroupRaft> {
+        if self.is_open() {
+            self.table.groups()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn snapshot_spool_dir(&self) -> &Path {
+        self.table.snapshot_spool_dir()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Arc<GroupTable> {
+        Arc::new(GroupTable::new(std::env::temp_dir()))
+    }
+
+    #[test]
+    fn a_pending_gate_opens_and_an_excluded_one_never_does() {
+        let gate = ReplicaGate::new(table(), false);
+        assert!(!gate.is_open());
+        assert!(gate.groups().is_empty());
+        assert!(gate.open());
+        assert!(gate.is_open());
+        let excluded = gate.excluded();
+        assert!(gate.exclude("another incarnation".into()));
+        assert!(!gate.is_open() && gate.is_excluded());
+        assert_eq!(excluded.borrow().as_deref(), Some("another incarnation"));
+        assert!(!gate.open(), "an excluded node must never reopen");
+        assert!(!gate.exclude("again".into()));
+    }
+
+    #[test]
+    fn a_restart_with_recorded_replicas_is_open_at_once() {
+        assert!(ReplicaGate::new(table(), true).is_open());
+    }
+}
