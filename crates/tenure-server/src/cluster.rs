@@ -82,6 +82,25 @@ fn unavailable(message: impl Into<String>) -> WireError {
 }
 
 impl NodeShared {
+    /// The newer of this node's view and its metadata replica's applied table (which a
+    /// restarted node has from its first moment, before its view follows): what `ClusterNodes`
+    /// answers, so that a node asking whether any node table exists is not told "none" by a
+    /// node that just restarted (`crate::replica_gate`).
+    pub(crate) fn newest_cluster_meta(&self) -> ClusterMeta {
+        let view = self.cluster_view();
+        match self.group(METADATA_GROUP.0) {
+            Some(handle) => {
+                let applied = handle.cluster_meta();
+                if applied.version > view.version {
+                    applied
+                } else {
+                    view.as_ref().clone()
+                }
+            }
+            None => view.as_ref().clone(),
+        }
+    }
+
     /// The node table as this node knows it.
     pub(crate) fn cluster_view(&self) -> Arc<ClusterMeta> {
         match self.cluster.read() {
@@ -254,7 +273,50 @@ impl NodeShared {
         &self,
         op: ClusterOp,
     ) -> Result<ClusterChange, WireError> {
-        let mut target = self.leader_of(METADATA_GROUP.0).leader;
+        self.cluster_change_starting_at(op, self.leader_of(METADATA_GROUP.0).leader)
+            .await
+    }
+
+    /// Like [`NodeShared::cluster_change_from_here`], for a node whose own view of the metadata
+    /// group's leader may be empty (a first start, whose replicas peers cannot reach yet):
+    /// starts at the leader it knows, then at every other member in turn, following each
+    /// one's `NOT_LEADER` hints. Returns the first success or refusal (`FORBIDDEN`); else the
+    /// last error.
+    pub(crate) async fn cluster_change_anywhere(
+        &self,
+        op: ClusterOp,
+    ) -> Result<ClusterChange, WireError> {
+        let mut starts: Vec<u64> = self
+            .leader_of(METADATA_GROUP.0)
+            .leader
+            .into_iter()
+            .collect();
+        starts.extend(self.other_nodes());
+        let mut tried = BTreeSet::new();
+        let mut last_error = unavailable("no other node is known");
+        for start in starts {
+            if !tried.insert(start) {
+                continue;
+            }
+            match self
+                .cluster_change_starting_at(op.clone(), Some(start))
+                .await
+            {
+                Ok(change) => return Ok(change),
+                // A refusal is the caller's to judge; anything else may go better elsewhere.
+                Err(error) if error.code == ErrorCode::Forbidden => return Err(error),
+                Err(error) => last_error = error,
+            }
+        }
+        Err(last_error)
+    }
+
+    async fn cluster_change_starting_at(
+        &self,
+        op: ClusterOp,
+        first: Option<u64>,
+    ) -> Result<ClusterChange, WireError> {
+        let mut target = first;
         let mut last_error = unavailable("the metadata group's leader is not known");
         for _ in 0..LEADER_HOPS_MAX {
             let Some(leader) = target else {

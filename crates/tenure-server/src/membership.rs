@@ -589,6 +589,15 @@ impl NodeShared {
     }
 
     async fn record(&self, hosted: &BTreeSet<u32>) -> Result<(), WireError> {
+        // The replica record opens the gate at the next start: never written for a data
+        // directory the node table has not admitted (`crate::replica_gate`).
+        if !self.replica_gate.is_open() {
+            return Err(WireError::new(
+                tenure_core::ErrorCode::Unavailable,
+                "this node's data directory is not admitted by the node table: its replicas \
+                 are not recorded",
+            ));
+        }
         let storage = self.replicas.storage.clone();
         let hosted = hosted.clone();
         let result = if storage.is_in_memory() {

@@ -254,7 +254,10 @@ impl Node {
             },
         );
         let at_start = factory.open_at_start(&config).await?;
-        if at_start.to_record.is_none() {
+        // Recorded replicas, or a replica with a durable vote or log (a first start that crashed
+        // before recording its replicas): this directory has been a member all along. A wiped
+        // directory has neither.
+        if at_start.to_record.is_none() || at_start.raft_state_found {
             replica_gate.open();
         }
         let heartbeat = tenure_transport::spawn_heartbeat_driver(
@@ -345,6 +348,12 @@ impl Node {
     /// restart, after the node table admitted the data directory on a first start).
     pub fn replicas_admitted(&self) -> bool {
         self.shared.replica_gate.is_open()
+    }
+
+    /// True when this process's replicas were admitted at some moment (even if the node was
+    /// excluded since).
+    pub fn replicas_ever_admitted(&self) -> bool {
+        self.shared.replica_gate.ever_opened()
     }
 
     /// The request handler.

@@ -16,13 +16,21 @@
 //! re-creates its replicas elsewhere after `node_dead_after_ms`), and `tenure serve` exits with
 //! the reason. The way back is a new id (`tenurectl node remove`, then join as a new node).
 //!
-//! A restart from a data directory that holds recorded replicas opens the gate at once.
+//! A restart from a data directory that holds recorded replicas, or a replica with a durable
+//! vote or log (a first start that crashed before recording), opens the gate at once; the
+//! replica record is written only while the gate is open.
+//!
+//! What it cannot tell: a node table records the incarnations nodes report, so a founding
+//! node's data is unprotected from the moment it founds or joins its groups until its first
+//! `NodeUp` commits (seconds, at a cluster's birth); and "no node knows a table" is judged from
+//! the answering nodes' views and applied metadata, so a `Record` entry committed but applied
+//! nowhere yet (the same birth window) is not seen.
 //!
 //! Must not depend on: the request path, the background loops (they consult the gate).
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use tenure_transport::{GroupRaft, GroupRegistry, GroupTable};
 use tokio::sync::watch;
@@ -37,6 +45,8 @@ const EXCLUDED: u8 = 2;
 pub struct ReplicaGate {
     table: Arc<GroupTable>,
     state: AtomicU8,
+    /// True once the gate was open, even if it was closed again (for simulations' checks).
+    ever_opened: AtomicBool,
     /// The reason once excluded (`None` until then).
     excluded: watch::Sender<Option<String>>,
 }
@@ -47,6 +57,7 @@ impl ReplicaGate {
         ReplicaGate {
             table,
             state: AtomicU8::new(if open { OPEN } else { PENDING }),
+            ever_opened: AtomicBool::new(open),
             excluded: watch::Sender::new(None),
         }
     }
@@ -54,6 +65,11 @@ impl ReplicaGate {
     /// True once the replicas may be reached by peers.
     pub fn is_open(&self) -> bool {
         self.state.load(Ordering::SeqCst) == OPEN
+    }
+
+    /// True when the gate was open at some moment of this process (even if closed since).
+    pub fn ever_opened(&self) -> bool {
+        self.ever_opened.load(Ordering::SeqCst)
     }
 
     /// True once this node was excluded.
@@ -67,7 +83,10 @@ impl ReplicaGate {
             .state
             .compare_exchange(PENDING, OPEN, Ordering::SeqCst, Ordering::SeqCst)
         {
-            Ok(_) => true,
+            Ok(_) => {
+                self.ever_opened.store(true, Ordering::SeqCst);
+                true
+            }
             Err(current) => current == OPEN,
         }
     }
@@ -122,13 +141,15 @@ mod tests {
         let gate = ReplicaGate::new(table(), false);
         assert!(!gate.is_open());
         assert!(gate.groups().is_empty());
+        assert!(!gate.ever_opened());
         assert!(gate.open());
-        assert!(gate.is_open());
+        assert!(gate.is_open() && gate.ever_opened());
         let excluded = gate.excluded();
         assert!(gate.exclude("another incarnation".into()));
         assert!(!gate.is_open() && gate.is_excluded());
         assert_eq!(excluded.borrow().as_deref(), Some("another incarnation"));
         assert!(!gate.open(), "an excluded node must never reopen");
+        assert!(gate.ever_opened(), "it was open once");
         assert!(!gate.exclude("again".into()));
     }
 

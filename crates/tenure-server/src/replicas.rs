@@ -143,8 +143,12 @@ impl ReplicaFactory {
         }
         let mut groups: Vec<Option<Arc<GroupHandle>>> = vec![None; config.groups as usize];
         let mut fresh = Vec::new();
+        let mut raft_state_found = false;
         for &group in &hosted {
             let (raft, handle) = self.open(group).await?;
+            if first_start && !raft_state_found {
+                raft_state_found = self.has_raft_state(group).await?;
+            }
             let replicas = replicas_of(group, &node_ids, config.replication_factor);
             if first_start
                 && replicas.first() == Some(&self.node_id)
@@ -172,7 +176,22 @@ impl ReplicaFactory {
             groups,
             fresh,
             to_record: first_start.then_some(hosted),
+            raft_state_found,
         })
+    }
+
+    /// True when this node's storage holds a vote or a log (entries or a purge mark) of
+    /// `group`: written by an earlier run of this data directory, never by a wiped one.
+    async fn has_raft_state(&self, group: u32) -> Result<bool, ServerError> {
+        use openraft::RaftLogReader as _;
+        use openraft::storage::RaftLogStorage as _;
+        let mut log = self.storage.log_store(group);
+        let failed = |e: std::io::Error| {
+            ServerError::Raft(format!("reading group {group}'s vote and log state: {e}"))
+        };
+        let vote = log.read_vote().await.map_err(failed)?;
+        let state = log.get_log_state().await.map_err(failed)?;
+        Ok(vote.is_some() || state.last_log_id.is_some())
     }
 }
 
@@ -181,6 +200,9 @@ pub(crate) struct AtStart {
     pub(crate) groups: Vec<Option<Arc<GroupHandle>>>,
     pub(crate) fresh: Vec<FreshGroup>,
     pub(crate) to_record: Option<BTreeSet<u32>>,
+    /// On a first start: some replica's storage holds a vote or a log (the directory ran
+    /// before and crashed before recording its replicas; `crate::replica_gate`).
+    pub(crate) raft_state_found: bool,
 }
 
 pub(crate) type MoveResult = Option<Result<GroupMembers, WireError>>;

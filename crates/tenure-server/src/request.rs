@@ -228,9 +228,7 @@ impl NodeShared {
             body @ (RequestBody::CreateReplica { .. } | RequestBody::DropReplica { .. }) => {
                 self.replica_request(body, &ctx).await
             }
-            RequestBody::ClusterNodes => {
-                Ok(ResponseBody::Cluster(self.cluster_view().as_ref().clone()))
-            }
+            RequestBody::ClusterNodes => Ok(ResponseBody::Cluster(self.newest_cluster_meta())),
             RequestBody::ClusterChange(op) => self.cluster_change_request(op, &ctx).await,
             RequestBody::Lease(op) => {
                 if op.kind() == LeaseOpKind::Renew {

@@ -124,10 +124,9 @@ pub async fn serve_until_signalled(config: ServerConfig) -> Result<(), ServerErr
     let received = tokio::select! {
         _ = interrupt.recv() => "SIGINT",
         _ = terminate.recv() => "SIGTERM",
-        Ok(reason) = excluded.wait_for(Option::is_some) => {
-            let reason = reason.clone().unwrap_or_default();
+        Ok(reason) = async { excluded.wait_for(Option::is_some).await.map(|r| r.clone()) } => {
             node.stop().await;
-            return Err(ServerError::Excluded(reason));
+            return Err(ServerError::Excluded(reason.unwrap_or_default()));
         }
     };
     info!(

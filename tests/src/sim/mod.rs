@@ -1318,7 +1318,7 @@ fn add_nodes(
                 let mut hosted: Vec<u32> = node.groups().iter().map(|g| g.group_id()).collect();
                 loop {
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    if node.replicas_admitted() && lock(&shared.wiped).contains(&id) {
+                    if node.replicas_ever_admitted() && lock(&shared.wiped).contains(&id) {
                         lock(&shared.admitted_after_wipe).insert(id);
                     }
                     let groups = node.groups();

@@ -114,7 +114,7 @@ pub(crate) async fn settle_replica_gate(shared: &Arc<NodeShared>) -> bool {
             cert_sha256: shared.cert_sha256,
             incarnation: shared.incarnation,
         };
-        match shared.cluster_change_from_here(op).await {
+        match shared.cluster_change_anywhere(op).await {
             Ok(change) => {
                 info!(
                     node = me,
@@ -126,7 +126,21 @@ pub(crate) async fn settle_replica_gate(shared: &Arc<NodeShared>) -> bool {
                 return gate.open();
             }
             Err(error) if error.code == tenure_core::ErrorCode::Forbidden => {
-                return exclude(shared, error.message);
+                // A node whose view does not list this one yet (announced a moment ago) refuses
+                // too: only the table itself excludes.
+                shared.fetch_cluster_view().await;
+                if let Some(reason) = table_refusal(shared) {
+                    return exclude(shared, reason);
+                }
+                if say {
+                    last_said = Some(Instant::now());
+                    warn!(
+                        node = me,
+                        "first start of this data directory: its report was refused ({error}); \
+                         the node table does not refuse it (yet): asking again"
+                    );
+                }
+                tokio::time::sleep(SYNC_INTERVAL).await;
             }
             Err(error) => {
                 if say {
@@ -141,6 +155,27 @@ pub(crate) async fn settle_replica_gate(shared: &Arc<NodeShared>) -> bool {
             }
         }
     }
+}
+
+/// Why the node table, as this node's view has it, refuses this node's data directory: the
+/// node was removed, its certificate revoked, or its id is known with another incarnation.
+fn table_refusal(shared: &NodeShared) -> Option<String> {
+    let me = shared.config.node_id;
+    let view = shared.cluster_view();
+    if view.revoked.contains_key(&shared.cert_sha256) {
+        return Some(format!("node {me}'s certificate was revoked"));
+    }
+    let record = view.node(me)?;
+    if record.state == NodeState::Removed {
+        return Some(format!("node {me} was removed from the cluster"));
+    }
+    if record.incarnation != 0 && record.incarnation != shared.incarnation {
+        return Some(format!(
+            "node {me} is known with another data directory (incarnation {}, this one {})",
+            record.incarnation, shared.incarnation
+        ));
+    }
+    None
 }
 
 /// Excludes this node: closes the replica gate for good, stops its replicas and its transport
