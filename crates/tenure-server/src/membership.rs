@@ -642,9 +642,9 @@ impl NodeShared {
 /// Founds this node's fresh groups (its first start only: `fresh` are the groups it is the
 /// preferred node of, not initialized here), then records its replicas (`to_record`).
 ///
-/// First the replica gate settles (`crate::replica_gate`): a data directory the node table
-/// knows under another incarnation (a member that lost its data) is excluded here and founds,
-/// joins and records nothing. A group is founded only after every other node answered `Status`
+/// Runs once the replica gate settled (`crate::replica_gate`; `crate::node` settles it first):
+/// a data directory the node table knows under another incarnation (a member that lost its
+/// data) is excluded and founds, joins and records nothing. A group is founded only after every other node answered `Status`
 /// and none holds an initialized replica of it (a term or a log): on a new cluster nobody does;
 /// a node admitted on its first start into a running cluster (one the table never saw report,
 /// such as a node that crashed before its first report) finds its groups alive elsewhere and
@@ -656,7 +656,8 @@ pub(crate) async fn bootstrap(
     to_record: Option<BTreeSet<u32>>,
 ) {
     let me = shared.config.node_id;
-    if !crate::background::cluster_sync::settle_replica_gate(&shared).await {
+    if !shared.replica_gate.is_open() {
+        // Excluded while the gate settled (`crate::node` runs this only after it settled).
         return;
     }
     let mut existing: BTreeMap<u32, u64> = BTreeMap::new();

@@ -289,13 +289,19 @@ impl Node {
             start_http(env.serve_http, own.http_addr, service).await?;
         let tasks = vec![
             heartbeat,
-            // Founds fresh groups once every other node says they exist nowhere yet, then
-            // records the replicas (a data directory's first start only).
-            tokio::spawn(crate::membership::bootstrap(
-                shared.clone(),
-                at_start.fresh,
-                at_start.to_record,
-            )),
+            // Settles the replica gate (a first start's replicas stay closed to peers until the
+            // node table admits the data directory), then founds fresh groups once every other
+            // node says they exist nowhere yet, then records the replicas (a data directory's
+            // first start only).
+            tokio::spawn({
+                let shared = shared.clone();
+                async move {
+                    if background::cluster_sync::settle_replica_gate(&shared).await {
+                        crate::membership::bootstrap(shared, at_start.fresh, at_start.to_record)
+                            .await;
+                    }
+                }
+            }),
             tokio::spawn(background::replica_gc::run_replica_gc(shared.clone())),
             tokio::spawn(background::expiry::run_expiry(shared.clone())),
             tokio::spawn(background::balancer::run_balancer(shared.clone())),

@@ -71,6 +71,8 @@ struct Summary {
     /// stayed closed: refused by every node once removed). None may be admitted (`amnesia`).
     nodes_wiped: u64,
     nodes_excluded: u64,
+    /// Wipes not done: drawn while the node table had no incarnation for the node yet.
+    wipes_in_birth_window: u64,
     late_writes: u64,
     late_writes_rejected: u64,
     nemeses: BTreeMap<String, u64>,
@@ -132,6 +134,7 @@ fn main() -> anyhow::Result<()> {
         seeds_ending_with_voters_on_gone_nodes: 0,
         nodes_wiped: 0,
         nodes_excluded: 0,
+        wipes_in_birth_window: 0,
         late_writes: 0,
         late_writes_rejected: 0,
         nemeses: BTreeMap::new(),
@@ -156,6 +159,7 @@ fn main() -> anyhow::Result<()> {
         summary.moves_failed += report.moves_failed;
         summary.nodes_gone += report.nodes_gone.len() as u64;
         summary.nodes_wiped += report.nodes_wiped.len() as u64;
+        summary.wipes_in_birth_window += report.wipes_in_birth_window;
         summary.nodes_excluded += report
             .nodes_excluded
             .iter()

