@@ -103,16 +103,11 @@ pub(crate) async fn settle_replica_gate(shared: &Arc<NodeShared>) -> bool {
                 continue;
             }
         }
-        let Some(own) = own_addresses(shared) else {
+        let Some(op) = node_up(shared) else {
             return exclude(
                 shared,
                 "this node is not in its own configured peers".into(),
             );
-        };
-        let op = ClusterOp::NodeUp {
-            node: own,
-            cert_sha256: shared.cert_sha256,
-            incarnation: shared.incarnation,
         };
         match shared.cluster_change_anywhere(op).await {
             Ok(change) => {
@@ -293,7 +288,7 @@ pub(crate) async fn run_cluster_sync(shared: Arc<NodeShared>) {
 }
 
 /// This node's addresses as configured.
-pub(crate) fn own_addresses(shared: &NodeShared) -> Option<NodeAddresses> {
+fn own_addresses(shared: &NodeShared) -> Option<NodeAddresses> {
     let me = shared.config.node_id;
     shared.config.peers.get(&me).map(|peer| NodeAddresses {
         node_id: me,
@@ -314,14 +309,19 @@ fn needs_report(shared: &NodeShared, record: &NodeRecord) -> bool {
 }
 
 /// Reports this node; false when the table refused it (not for a transient failure).
-async fn report(shared: &NodeShared) -> bool {
-    let Some(own) = own_addresses(shared) else {
-        return true;
-    };
-    let op = ClusterOp::NodeUp {
+/// This node's report of itself (addresses, certificate, data directory incarnation); `None`
+/// when it is not in its own configured peers.
+fn node_up(shared: &NodeShared) -> Option<ClusterOp> {
+    own_addresses(shared).map(|own| ClusterOp::NodeUp {
         node: own,
         cert_sha256: shared.cert_sha256,
         incarnation: shared.incarnation,
+    })
+}
+
+async fn report(shared: &NodeShared) -> bool {
+    let Some(op) = node_up(shared) else {
+        return true;
     };
     let result = shared.cluster_change_from_here(op).await;
     let refused = matches!(&result, Err(error) if error.code == tenure_core::ErrorCode::Forbidden);
