@@ -105,7 +105,7 @@ impl FaultKind {
     ];
 
     /// The kinds the simulation applies, in the order its seeds draw them.
-    pub const SIMULATION: [FaultKind; 14] = [
+    pub const SIMULATION: [FaultKind; 15] = [
         FaultKind::Kill,
         FaultKind::PartitionHalves,
         FaultKind::PartitionLeader,
@@ -120,6 +120,7 @@ impl FaultKind {
         FaultKind::DrainNode,
         FaultKind::RemoveNode,
         FaultKind::ReplaceNode,
+        FaultKind::AddNode,
     ];
 
     /// Its one name, in reports, histories and on the command line.

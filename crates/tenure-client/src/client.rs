@@ -624,6 +624,10 @@ impl Client {
             )
             .await?
         {
+            // Without a table (version 0) a node answers with its founder pins, not a table.
+            ResponseBody::Cluster(meta) if meta.version == 0 => {
+                Ok(tenure_core::ClusterMeta::default())
+            }
             ResponseBody::Cluster(meta) => Ok(meta),
             _ => Err(ClientError::Protocol(
                 "ClusterNodes answered with another kind".into(),

@@ -77,8 +77,9 @@ pub struct NodeRecord {
     pub state: NodeState,
     /// SHA-256 of the certificate it last reported itself with (`None` until it did).
     pub cert_sha256: Option<[u8; 32]>,
-    /// The incarnation of its data directory (0 until it reported itself): a node that comes
-    /// back with another data directory under the same id is refused.
+    /// The incarnation of its data directory (0 until it reported itself, or for a founder
+    /// until then unless `RecordFounders` pinned it): a node that comes back with another data
+    /// directory under the same id is refused.
     pub incarnation: u64,
     /// The log time of its last state change.
     pub changed_at_ms: u64,
@@ -124,6 +125,25 @@ pub enum ClusterOp {
         /// `(group, node)` pairs.
         preferences: Vec<(u32, u64)>,
     },
+    /// Like [`ClusterOp::Record`], with the data directory incarnation each founding node had
+    /// when the recording node's replicas opened (its pinned founders, `FOUNDERS` in its data
+    /// directory): from this entry on, a founder that lost its data is refused by the table at
+    /// once, not only after its first `NodeUp`. Incarnation 0 means not pinned (a cluster
+    /// recorded by a node that never founded it). Appended after the other variants (postcard
+    /// encodes variants by position): log value format 3, peer protocol 4.
+    RecordFounders {
+        /// The configured members and their pinned incarnations.
+        nodes: Vec<FounderNode>,
+    },
+}
+
+/// A founding node as [`ClusterOp::RecordFounders`] records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FounderNode {
+    /// Its id and addresses.
+    pub node: NodeAddresses,
+    /// Its data directory's incarnation when the cluster was founded (0: not known).
+    pub incarnation: u64,
 }
 
 /// A node's id and addresses.
@@ -248,40 +268,58 @@ impl ClusterMeta {
         })
     }
 
+    /// `Record` and `RecordFounders`: the founding members, `Active`, with their incarnations
+    /// (0: not known). A no-op once the table exists.
+    fn record_founders<'a>(
+        &mut self,
+        nodes: impl Iterator<Item = (&'a NodeAddresses, u64)>,
+        count: usize,
+        now_ms: u64,
+    ) -> Result<bool, ClusterError> {
+        if !self.nodes.is_empty() {
+            return Ok(false);
+        }
+        if count == 0 || count > CLUSTER_NODES_MAX {
+            return Err(failed(
+                "nodes",
+                format!("must list 1 to {CLUSTER_NODES_MAX} nodes"),
+            ));
+        }
+        let mut table = BTreeMap::new();
+        for (node, incarnation) in nodes {
+            check_addresses(node)?;
+            let record = NodeRecord {
+                node_id: node.node_id,
+                addr: node.addr.clone(),
+                http_addr: node.http_addr.clone(),
+                state: NodeState::Active,
+                cert_sha256: None,
+                incarnation,
+                changed_at_ms: now_ms,
+            };
+            if table.insert(node.node_id, record).is_some() {
+                return Err(failed(
+                    "nodes",
+                    format!("node {} appears twice", node.node_id),
+                ));
+            }
+        }
+        self.nodes = table;
+        Ok(true)
+    }
+
     fn apply_inner(&mut self, op: &ClusterOp, now_ms: u64) -> Result<bool, ClusterError> {
         match op {
             ClusterOp::Record { nodes } => {
-                if !self.nodes.is_empty() {
-                    return Ok(false);
-                }
-                if nodes.is_empty() || nodes.len() > CLUSTER_NODES_MAX {
-                    return Err(failed(
-                        "nodes",
-                        format!("must list 1 to {CLUSTER_NODES_MAX} nodes"),
-                    ));
-                }
-                let mut table = BTreeMap::new();
-                for node in nodes {
-                    check_addresses(node)?;
-                    let record = NodeRecord {
-                        node_id: node.node_id,
-                        addr: node.addr.clone(),
-                        http_addr: node.http_addr.clone(),
-                        state: NodeState::Active,
-                        cert_sha256: None,
-                        incarnation: 0,
-                        changed_at_ms: now_ms,
-                    };
-                    if table.insert(node.node_id, record).is_some() {
-                        return Err(failed(
-                            "nodes",
-                            format!("node {} appears twice", node.node_id),
-                        ));
-                    }
-                }
-                self.nodes = table;
-                Ok(true)
+                self.record_founders(nodes.iter().map(|node| (node, 0)), nodes.len(), now_ms)
             }
+            ClusterOp::RecordFounders { nodes } => self.record_founders(
+                nodes
+                    .iter()
+                    .map(|founder| (&founder.node, founder.incarnation)),
+                nodes.len(),
+                now_ms,
+            ),
             ClusterOp::AddNode(node) => {
                 check_addresses(node)?;
                 if let Some(existing) = self.nodes.get(&node.node_id) {
@@ -473,6 +511,7 @@ impl ClusterMeta {
                 self.leader_preferences.len()
             ));
         }
+        // (A `ClusterNodes` answer at version 0 lists founder pins: not a table, never checked.)
         if self.version == 0 && !self.nodes.is_empty() {
             return Err("node records at version 0".into());
         }
@@ -547,6 +586,62 @@ mod tests {
         assert!(!again.changed);
         assert_eq!(meta.version, 1);
         meta.check().unwrap();
+    }
+
+    #[test]
+    fn founders_recorded_with_their_incarnations_refuse_a_wiped_founder_at_once() {
+        let mut meta = ClusterMeta::default();
+        let founders = ClusterOp::RecordFounders {
+            nodes: vec![
+                FounderNode {
+                    node: node(1),
+                    incarnation: 11,
+                },
+                FounderNode {
+                    node: node(2),
+                    incarnation: 0,
+                },
+            ],
+        };
+        assert!(meta.apply(&founders, 10).unwrap().changed);
+        assert!(!meta.apply(&founders, 11).unwrap().changed, "once only");
+        assert_eq!(meta.node(1).unwrap().incarnation, 11);
+        meta.check().unwrap();
+        let up = |id: u64, incarnation: u64| ClusterOp::NodeUp {
+            node: node(id),
+            cert_sha256: [u8::try_from(id).unwrap(); 32],
+            incarnation,
+        };
+        // Node 1 lost its data before it ever reported itself: refused all the same.
+        assert!(matches!(
+            meta.apply(&up(1, 12), 20),
+            Err(ClusterError::Refused { .. })
+        ));
+        // Its own directory is admitted; node 2 (not pinned) is admitted with any.
+        assert!(meta.apply(&up(1, 11), 21).unwrap().changed);
+        assert!(meta.apply(&up(2, 99), 22).unwrap().changed);
+        assert_eq!(meta.node(2).unwrap().incarnation, 99);
+        // Duplicates and bad addresses are refused as for `Record`.
+        let mut empty = ClusterMeta::default();
+        let twice = ClusterOp::RecordFounders {
+            nodes: vec![
+                FounderNode {
+                    node: node(1),
+                    incarnation: 1,
+                },
+                FounderNode {
+                    node: node(1),
+                    incarnation: 2,
+                },
+            ],
+        };
+        assert!(empty.apply(&twice, 1).is_err());
+        assert!(
+            empty
+                .apply(&ClusterOp::RecordFounders { nodes: vec![] }, 1)
+                .is_err()
+        );
+        assert_eq!(empty, ClusterMeta::default());
     }
 
     #[test]

@@ -66,8 +66,9 @@ mod state;
 mod validate;
 
 pub use cluster::{
-    CLUSTER_NODES_MAX, ClusterChange, ClusterError, ClusterMeta, ClusterOp, LEADER_PREFERENCES_MAX,
-    METADATA_GROUP, NODE_ADDRESS_BYTES_MAX, NodeAddresses, NodeRecord, NodeState,
+    CLUSTER_NODES_MAX, ClusterChange, ClusterError, ClusterMeta, ClusterOp, FounderNode,
+    LEADER_PREFERENCES_MAX, METADATA_GROUP, NODE_ADDRESS_BYTES_MAX, NodeAddresses, NodeRecord,
+    NodeState,
 };
 pub use command::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOpKind,

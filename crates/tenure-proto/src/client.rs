@@ -231,7 +231,11 @@ pub enum RequestBody {
         membership_log_index: u64,
     },
     /// The cluster's node table as the answering node knows it (any node; it follows the
-    /// metadata group).
+    /// metadata group). While no table exists (`version` 0) the answer is not a table: it lists
+    /// the answering node's founder pins and itself, each as a `Joining` record whose
+    /// `incarnation` is the pinned (or its own) data directory incarnation, which a founding
+    /// node checks and pins before its replicas open. A client reads such an answer as "no
+    /// table yet".
     ClusterNodes,
     /// A change to the cluster's node table, applied by the metadata group's leader (forwarded
     /// there when asked). `AddNode`, `SetState` and `Remove`: operators. `NodeUp`: only the node

@@ -41,7 +41,11 @@ pub const PEER_MAGIC: [u8; 4] = *b"TNRP";
 ///   group 0 as soon as a node of this build leads it) and snapshots are format 4, neither of
 ///   which a version-2 node can decode: the two refuse each other at `Hello` (an upgrade to
 ///   version 3 is a full-cluster restart).
-pub const PEER_PROTOCOL_VERSION: u16 = 3;
+/// - 4: log entries may carry `ClusterOp::RecordFounders` (the node table recorded with the
+///   founders' pinned data directory incarnations), which a version-3 node cannot decode; and a
+///   node without a table answers `ClusterNodes` with its founder pins. Version 3 and 4 refuse
+///   each other at `Hello` (an upgrade is a full-cluster restart).
+pub const PEER_PROTOCOL_VERSION: u16 = 4;
 
 /// Longest cluster name a `Hello` may carry, in bytes.
 pub const CLUSTER_NAME_BYTES_MAX: usize = 64;

@@ -86,9 +86,14 @@ impl NodeShared {
     /// restarted node has from its first moment, before its view follows): what `ClusterNodes`
     /// answers, so that a node asking whether any node table exists is not told "none" by a
     /// node that just restarted (`crate::replica_gate`).
+    ///
+    /// While no table exists (version 0) the answer lists, instead of a table, this node's
+    /// founder pins (`crate::founders`) and this node itself with its incarnation, each as a
+    /// `Joining` record: what a founding node pins before its replicas open, and what tells a
+    /// founder that lost its data that it was pinned with another directory.
     pub(crate) fn newest_cluster_meta(&self) -> ClusterMeta {
         let view = self.cluster_view();
-        match self.group(METADATA_GROUP.0) {
+        let newest = match self.group(METADATA_GROUP.0) {
             Some(handle) => {
                 let applied = handle.cluster_meta();
                 if applied.version > view.version {
@@ -98,7 +103,64 @@ impl NodeShared {
                 }
             }
             None => view.as_ref().clone(),
+        };
+        if newest.version > 0 {
+            return newest;
         }
+        self.founder_pins_answer()
+    }
+
+    /// The version-0 `ClusterNodes` answer (see [`NodeShared::newest_cluster_meta`]).
+    fn founder_pins_answer(&self) -> ClusterMeta {
+        let mut pins = self.founder_pins();
+        pins.entry(self.config.node_id).or_insert(self.incarnation);
+        let nodes = pins
+            .into_iter()
+            .map(|(node_id, incarnation)| {
+                let (addr, http_addr) = self
+                    .config
+                    .peers
+                    .get(&node_id)
+                    .map(|peer| (peer.addr.to_string(), peer.http_addr.to_string()))
+                    .unwrap_or_default();
+                let record = tenure_core::NodeRecord {
+                    node_id,
+                    addr,
+                    http_addr,
+                    state: NodeState::Joining,
+                    cert_sha256: None,
+                    incarnation,
+                    changed_at_ms: 0,
+                };
+                (node_id, record)
+            })
+            .collect();
+        ClusterMeta {
+            version: 0,
+            nodes,
+            ..ClusterMeta::default()
+        }
+    }
+
+    /// The founders' incarnations this node pinned (`crate::founders`).
+    pub(crate) fn founder_pins(&self) -> crate::founders::FounderPins {
+        match self.founder_pins.lock() {
+            Ok(pins) => pins.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Pins `pins` durably (`crate::founders`), then keeps them for the answers above.
+    pub(crate) fn set_founder_pins(
+        &self,
+        pins: crate::founders::FounderPins,
+    ) -> Result<(), crate::ServerError> {
+        crate::founders::write_founder_pins(&self.config.data_dir, &pins)?;
+        match self.founder_pins.lock() {
+            Ok(mut held) => *held = pins,
+            Err(poisoned) => *poisoned.into_inner() = pins,
+        }
+        Ok(())
     }
 
     /// The node table as this node knows it.
@@ -397,7 +459,9 @@ impl NodeShared {
                     .await
                     .map(ResponseBody::ClusterChanged);
             }
-            ClusterOp::Record { .. } | ClusterOp::SetLeaderPreferences { .. } => {
+            ClusterOp::Record { .. }
+            | ClusterOp::RecordFounders { .. }
+            | ClusterOp::SetLeaderPreferences { .. } => {
                 return Err(WireError::new(
                     ErrorCode::Forbidden,
                     "the node table is recorded and leader preferences are set by the \

@@ -139,8 +139,19 @@ fn write_identity(data_dir: &Path, identity: &NodeIdentity) -> Result<(), Server
         "# Which node of which cluster owns this data directory. Written once by tenure; never \
          edit.\n{body}"
     );
-    let temp: PathBuf = data_dir.join(IDENTITY_TEMP_FILE);
-    let path = data_dir.join(IDENTITY_FILE);
+    write_durably(data_dir, IDENTITY_FILE, IDENTITY_TEMP_FILE, &text)
+}
+
+/// Writes `text` to `data_dir/name` durably: into `temp_name` first, fsync, rename into place,
+/// fsync of the directory. A crash leaves the old file or the new one, never a torn one.
+pub(crate) fn write_durably(
+    data_dir: &Path,
+    name: &str,
+    temp_name: &str,
+    text: &str,
+) -> Result<(), ServerError> {
+    let temp: PathBuf = data_dir.join(temp_name);
+    let path = data_dir.join(name);
     let io = |what: &str, p: &Path, e: std::io::Error| {
         ServerError::DataDir(format!("cannot {what} {}: {e}", p.display()))
     };

@@ -56,6 +56,7 @@ pub mod dev;
 pub mod error;
 pub mod fault_control;
 pub mod forward;
+pub mod founders;
 pub mod group;
 pub mod http;
 pub mod identity;

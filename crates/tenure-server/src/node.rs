@@ -160,6 +160,7 @@ impl Node {
         let cert_sha256 = certificate_sha256(&config.tls.node_cert)?;
         let incarnation = crate::identity::read_identity(&config.data_dir)?
             .map_or(1, |identity| identity.created_unix_ms.max(1));
+        let founder_pins = crate::founders::read_founder_pins(&config.data_dir)?;
         let node_ids: Vec<u64> = config.peers.keys().copied().collect();
         let peer_addrs: BTreeMap<u64, SocketAddr> = config
             .peers
@@ -274,7 +275,7 @@ impl Node {
             storage,
             clock.clone(),
             fault_controls,
-            (cert_sha256, incarnation),
+            (cert_sha256, incarnation, founder_pins),
             replica_gate,
         )?);
         shared
@@ -549,7 +550,7 @@ fn shared_state(
     storage: NodeStorage,
     clock: Arc<dyn MonotonicClock>,
     fault_controls: Option<Arc<FaultControls>>,
-    (cert_sha256, incarnation): ([u8; 32], u64),
+    (cert_sha256, incarnation, founder_pins): ([u8; 32], u64, crate::founders::FounderPins),
     replica_gate: Arc<ReplicaGate>,
 ) -> Result<NodeShared, ServerError> {
     let placement = PlacementMap::uniform(PLACEMENT_VERSION, config.groups, SLOT_COUNT_DEFAULT)
@@ -583,6 +584,7 @@ fn shared_state(
         cert_sha256,
         incarnation,
         replica_gate,
+        founder_pins: Mutex::new(founder_pins),
         config,
     })
 }

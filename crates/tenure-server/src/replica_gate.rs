@@ -10,8 +10,10 @@
 //! two apart: the table refuses a `NodeUp` of a known node with another incarnation. So on a
 //! first start the gate stays closed (the transport sees no replica: no vote, no append, no
 //! snapshot reaches one, and no replica is created) until either every other node says no node
-//! table exists yet (a new cluster: nobody has state to lose), or the node table accepts this
-//! node's `NodeUp`. When the table refuses it, the node is excluded: the gate stays closed, its
+//! table exists yet (a new cluster) and none of them pinned this node with another data
+//! directory (`crate::founders`: each founder pins every founder's incarnation durably before
+//! its replicas open, and the table's first entry records those pins), or the node table
+//! accepts this node's `NodeUp`. When the table refuses it, the node is excluded: the gate stays closed, its
 //! replicas and its transport stop (so the placement controller sees it unreachable and
 //! re-creates its replicas elsewhere after `node_dead_after_ms`), and `tenure serve` exits with
 //! the reason. The way back is a new id (`tenurectl node remove`, then join as a new node).
@@ -20,11 +22,13 @@
 //! vote or log (a first start that crashed before recording), opens the gate at once; the
 //! replica record is written only while the gate is open.
 //!
-//! What it cannot tell: a node table records the incarnations nodes report, so a founding
-//! node's data is unprotected from the moment it founds or joins its groups until its first
-//! `NodeUp` commits (seconds, at a cluster's birth); and "no node knows a table" is judged from
-//! the answering nodes' views and applied metadata, so a `Record` entry committed but applied
-//! nowhere yet (the same birth window) is not seen.
+//! A cluster's birth: a founder's replicas open before any table exists, so the table cannot
+//! protect it then; the founder pins (`crate::founders`) do. A founder is pinned by each other
+//! founder before that one's replicas open, so whatever a founder's replicas did with a quorum,
+//! that quorum holds a founder that pinned it; coming back wiped, it asks every other node,
+//! and the one that pinned it refuses it. Once the table exists, its first entry
+//! (`RecordFounders`) carries the pins of the founder that recorded it. A founder wiped before
+//! any other founder pinned it had never served with anyone, and is admitted as new.
 //!
 //! Must not depend on: the request path, the background loops (they consult the gate).
 

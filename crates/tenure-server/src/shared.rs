@@ -75,6 +75,9 @@ pub struct NodeShared {
     pub(crate) incarnation: u64,
     /// Whether peers may reach this node's replicas (`crate::replica_gate`).
     pub(crate) replica_gate: Arc<crate::replica_gate::ReplicaGate>,
+    /// The founders' incarnations this node pinned before its replicas first opened
+    /// (`crate::founders`; empty until then, and on nodes that joined an existing cluster).
+    pub(crate) founder_pins: Mutex<crate::founders::FounderPins>,
 }
 
 impl std::fmt::Debug for NodeShared {

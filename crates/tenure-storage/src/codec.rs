@@ -38,7 +38,10 @@ pub const CHECKSUM_BYTES: usize = 8;
 /// - 2: the same layout; a log entry may carry `LeaseOp::Transfer` (an appended variant a
 ///   version-1 reader cannot decode), so older builds refuse the value by version instead of
 ///   misreading it. Version-1 values are read unchanged.
-pub const VALUE_FORMAT_VERSION: u8 = 2;
+/// - 3: the same layout; a log entry may carry `ClusterOp::RecordFounders` (an appended variant
+///   of the node table's changes, with the founders' pinned incarnations) that a version-2
+///   reader cannot decode. Versions 1 and 2 are read unchanged.
+pub const VALUE_FORMAT_VERSION: u8 = 3;
 
 /// Seed of the checksum of versioned values (`"TNRSTOR1"`), so that no versioned value passes
 /// as an unversioned one.
@@ -135,7 +138,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
         let Some((&version, payload)) = rest.split_first() else {
             return Err(DecodeError::Short(bytes.len()));
         };
-        // Versions 1 and 2 share their layout; 2 only adds payload kinds.
+        // Versions 1 to 3 share their layout; 2 and 3 only add payload kinds.
         if !(1..=VALUE_FORMAT_VERSION).contains(&version) {
             return Err(DecodeError::UnsupportedVersion { found: version });
         }

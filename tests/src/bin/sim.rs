@@ -71,8 +71,13 @@ struct Summary {
     /// stayed closed: refused by every node once removed). None may be admitted (`amnesia`).
     nodes_wiped: u64,
     nodes_excluded: u64,
-    /// Wipes not done: drawn while the node table had no incarnation for the node yet.
+    /// Wipes done while the node table had no incarnation for the node yet (the founder pins
+    /// must refuse those).
     wipes_in_birth_window: u64,
+    /// Wipes of a node nobody had pinned or recorded (admitted as new: not amnesia).
+    wipes_unpinned: u64,
+    /// Nodes `add-node` announced and started, over all seeds.
+    nodes_added: u64,
     late_writes: u64,
     late_writes_rejected: u64,
     nemeses: BTreeMap<String, u64>,
@@ -88,8 +93,8 @@ fn line(report: &SimReport, wall_s: f64) -> String {
         .collect();
     format!(
         "sim seed {}: {} nodes, {}: faults [{}]; {:.1} simulated s in {:.1} s; {} ops checked; \
-         {} elections; {} states compared; {} unsynced batches lost; {} moves ({} failed); nodes gone \
-         {:?} (wiped and back {:?}, excluded {:?}), final voters {:?}; {} late writes ({} rejected); trace {:016x}; {} violation(s)",
+         {} elections; {} states compared; {} unsynced batches lost; {} moves ({} failed); nodes added \
+         {:?}, gone {:?} (wiped and back {:?}, excluded {:?}), final voters {:?}; {} late writes ({} rejected); trace {:016x}; {} violation(s)",
         report.seed,
         report.nodes,
         report.profile,
@@ -102,6 +107,7 @@ fn line(report: &SimReport, wall_s: f64) -> String {
         report.lost_unsynced_batches,
         report.moves_done,
         report.moves_failed,
+        report.nodes_added,
         report.nodes_gone,
         report.nodes_wiped,
         report.nodes_excluded,
@@ -135,6 +141,8 @@ fn main() -> anyhow::Result<()> {
         nodes_wiped: 0,
         nodes_excluded: 0,
         wipes_in_birth_window: 0,
+        wipes_unpinned: 0,
+        nodes_added: 0,
         late_writes: 0,
         late_writes_rejected: 0,
         nemeses: BTreeMap::new(),
@@ -160,6 +168,8 @@ fn main() -> anyhow::Result<()> {
         summary.nodes_gone += report.nodes_gone.len() as u64;
         summary.nodes_wiped += report.nodes_wiped.len() as u64;
         summary.wipes_in_birth_window += report.wipes_in_birth_window;
+        summary.wipes_unpinned += report.wipes_unpinned;
+        summary.nodes_added += report.nodes_added.len() as u64;
         summary.nodes_excluded += report
             .nodes_excluded
             .iter()
@@ -210,7 +220,7 @@ fn main() -> anyhow::Result<()> {
         0.0
     };
     println!(
-        "sim summary: {} seeds, {:.1} simulated h, {:.0} wall s ({:.1} simulated s per wall s), {} ops checked, {} elections, {} replica moves ({} failed), {} nodes taken out for good ({} seeds ended with a voter still on one; {} came back wiped under their old id, {} of them excluded, 0 admitted or the seed fails), nemeses {:?}, {} seed(s) with violations",
+        "sim summary: {} seeds, {:.1} simulated h, {:.0} wall s ({:.1} simulated s per wall s), {} ops checked, {} elections, {} replica moves ({} failed), {} nodes added, {} nodes taken out for good ({} seeds ended with a voter still on one; {} came back wiped under their old id, {} of them in the birth window, {} of them excluded, 0 admitted or the seed fails; {} wipes of a node nobody had pinned), nemeses {:?}, {} seed(s) with violations",
         summary.seeds,
         summary.simulated_s / 3_600.0,
         summary.wall_s,
@@ -219,10 +229,13 @@ fn main() -> anyhow::Result<()> {
         summary.elections,
         summary.moves_done,
         summary.moves_failed,
+        summary.nodes_added,
         summary.nodes_gone,
         summary.seeds_ending_with_voters_on_gone_nodes,
         summary.nodes_wiped,
+        summary.wipes_in_birth_window,
         summary.nodes_excluded,
+        summary.wipes_unpinned,
         summary.nemeses,
         summary.violations.len()
     );

@@ -170,17 +170,25 @@ pub struct SimReport {
     /// Nodes the membership nemeses took out for good (crashed and removed, or drained empty
     /// and removed).
     pub nodes_gone: Vec<u64>,
-    /// Nodes brought back with a wiped disk under their old id (replace-node, half the time).
+    /// Nodes `add-node` announced and started during the run.
+    #[serde(default)]
+    pub nodes_added: Vec<u64>,
+    /// Nodes brought back with a wiped disk under their old id (replace-node, half the time)
+    /// that the node table or a founder pin knew (the ones that must be refused).
     #[serde(default)]
     pub nodes_wiped: Vec<u64>,
     /// Nodes that excluded themselves (the node table refused their data directory). A wiped
     /// node that is not here stayed closed until the end (its peers refused it once removed).
     #[serde(default)]
     pub nodes_excluded: Vec<u64>,
-    /// Wipes the nemesis drew but did not do: the node table had no incarnation for the node
-    /// yet (the cluster's birth window, which the replica gate does not cover).
+    /// Of the wipes in `nodes_wiped`, those done while no node table had the node's incarnation
+    /// yet (the cluster's birth window: only the founder pins can refuse it then).
     #[serde(default)]
     pub wipes_in_birth_window: u64,
+    /// Wipes of a node that neither the table nor another node's founder pins knew (it had
+    /// served with nobody: admitting it as new is right, and it is not counted as amnesia).
+    #[serde(default)]
+    pub wipes_unpinned: u64,
     /// Each group's voters at the end, as its ready leader saw them (groups without a ready
     /// leader at that moment are missing).
     pub final_voters: BTreeMap<u32, Vec<u64>>,
@@ -333,8 +341,16 @@ fn client_name(client: u32) -> String {
     format!("c{client}")
 }
 
-fn node_config(options: &SimOptions, id: u64, data_dir: PathBuf, certs: &Path) -> ServerConfig {
-    let peers: BTreeMap<u64, PeerConfig> = (1..=options.nodes)
+/// Node `id`'s configuration; its peers are nodes 1 to `peers_max` (the founders, or for the
+/// spare node an `add-node` starts, the founders and itself).
+fn node_config(
+    options: &SimOptions,
+    id: u64,
+    peers_max: u64,
+    data_dir: PathBuf,
+    certs: &Path,
+) -> ServerConfig {
+    let peers: BTreeMap<u64, PeerConfig> = (1..=peers_max)
         .map(|peer| {
             (
                 peer,
@@ -419,6 +435,11 @@ enum Active {
     },
     /// A replica move was handed to the mover (client host 1); nothing to heal.
     Move,
+    /// The spare node was announced and started; announced again at the heal unless the table
+    /// has its incarnation by then (it reported itself).
+    Add {
+        node: u64,
+    },
     /// A node drained through the mover; undrained at the heal, or removed when `remove` and
     /// it holds no replica by then.
     Drain {
@@ -487,7 +508,12 @@ struct Nemesis {
     gone: std::collections::BTreeSet<u64>,
     /// Wipes not done because the node table had no incarnation for the node yet.
     wipes_in_birth_window: u64,
+    wipes_unpinned: u64,
     groups: u32,
+    /// The spare node and the switch that starts it (`add-node`, once).
+    spare: Option<(u64, Arc<watch::Sender<bool>>)>,
+    /// Nodes `add-node` announced and started.
+    added: Vec<u64>,
 }
 
 impl Nemesis {
@@ -555,7 +581,7 @@ impl Nemesis {
                     FaultKind::PauseClient => self.rng.random_range(self.ttl_ms..=self.ttl_ms * 2),
                     FaultKind::HoldMessages => self.rng.random_range(200..=1_500),
                     // Long enough for the controller (a round a second) to move replicas.
-                    FaultKind::DrainNode | FaultKind::RemoveNode => {
+                    FaultKind::DrainNode | FaultKind::RemoveNode | FaultKind::AddNode => {
                         self.rng.random_range(4_000..=12_000)
                     }
                     // At times long enough for a crashed node to be declared dead first (2 s
@@ -669,19 +695,49 @@ impl Nemesis {
         lost
     }
 
-    /// True when the metadata group's ready leader has node `node`'s data-directory
-    /// incarnation in its node table (the node reported itself since the table was recorded).
+    /// True when some replica of the metadata group has node `node`'s data-directory
+    /// incarnation in its node table (recorded with the founders, or reported since).
     fn incarnation_recorded(node: u64, shared: &Shared) -> bool {
         let registry = lock(&shared.registry);
         registry.values().any(|handles| {
             handles.iter().filter_map(Weak::upgrade).any(|handle| {
                 handle.group_id() == tenure_core::METADATA_GROUP.0
-                    && handle.is_ready_leader()
                     && handle
                         .cluster_meta()
                         .node(node)
                         .is_some_and(|record| record.incarnation != 0)
             })
+        })
+    }
+
+    /// True when another node's founder pins (`FOUNDERS` in its data directory, durable)
+    /// hold an incarnation of node `node` (any: conservative, as pins are never replaced; the
+    /// directories of nodes gone for good count too).
+    fn incarnation_pinned(&self, node: u64) -> bool {
+        self.data_dirs.iter().any(|(&other, dir)| {
+            other != node
+                && tenure_server::founders::read_founder_pins(dir)
+                    .is_ok_and(|pins| pins.contains_key(&node))
+        })
+    }
+
+    /// True when some replica of the metadata group has a node table.
+    fn table_exists(shared: &Shared) -> bool {
+        let registry = lock(&shared.registry);
+        registry.values().any(|handles| {
+            handles.iter().filter_map(Weak::upgrade).any(|handle| {
+                handle.group_id() == tenure_core::METADATA_GROUP.0
+                    && handle.cluster_meta().version > 0
+            })
+        })
+    }
+
+    /// The operator's announcement of node `node` (`AddNode`).
+    fn announce(node: u64) -> tenure_core::ClusterOp {
+        tenure_core::ClusterOp::AddNode(tenure_core::NodeAddresses {
+            node_id: node,
+            addr: SocketAddr::new(node_ip(node), NODE_PORT).to_string(),
+            http_addr: SocketAddr::new(node_ip(node), NODE_PORT + 1).to_string(),
         })
     }
 
@@ -816,19 +872,23 @@ impl Nemesis {
                 self.gone.insert(node);
                 // Half the time an operator's mistake follows: the node comes back at once with
                 // a new, empty disk under its old id (its groups still count it as a voter). It
-                // must exclude itself, never admitted by the node table. Not while the table
-                // has no incarnation for it yet (it had not reported itself since the cluster
-                // was founded): the replica gate cannot tell that birth window apart from a
-                // node that never ran (`crate::replica_gate`; seed 960055 wiped one at 3 s and
-                // openraft's leader saw the follower's log go back).
+                // must exclude itself, never admitted: by the node table, or, in the cluster's
+                // birth window before the table has its incarnation, by the founder pins
+                // (`tenure_server::founders`; seed 960055 wiped one at 3 s, before they existed,
+                // and openraft's leader saw the follower's log go back).
                 let wipe = self.rng.random_bool(0.5);
-                let known = Self::incarnation_recorded(node, shared);
-                if wipe && !known {
-                    self.wipes_in_birth_window += 1;
-                }
-                let wiped = wipe && known && self.wipe(node);
+                let recorded = Self::incarnation_recorded(node, shared);
+                let known = recorded || self.incarnation_pinned(node);
+                let wiped = wipe && self.wipe(node);
                 if wiped {
-                    lock(&shared.wiped).insert(node);
+                    if known && !recorded {
+                        self.wipes_in_birth_window += 1;
+                    }
+                    if known {
+                        lock(&shared.wiped).insert(node);
+                    } else {
+                        self.wipes_unpinned += 1;
+                    }
                     sim.bounce(node_name(node));
                 }
                 self.record(
@@ -846,7 +906,27 @@ impl Nemesis {
                 );
                 Active::Replace { node }
             }
-            FaultKind::AddNode => return None,
+            FaultKind::AddNode => {
+                // Once, when the node table exists: announce the spare node (an operator's
+                // `AddNode`) and start it, as a new machine joining the running cluster. The
+                // controller then balances replicas and leaders onto it; from now on the other
+                // nemeses pick it like any node.
+                let (node, start) = self.spare.clone()?;
+                if *start.borrow() || !Self::table_exists(shared) {
+                    return None;
+                }
+                if !self.order(MoveOrder::Table {
+                    kind,
+                    ops: vec![Self::announce(node)],
+                }) {
+                    return None;
+                }
+                start.send_replace(true);
+                self.nodes = self.nodes.max(node);
+                self.added.push(node);
+                self.record(now_ms, kind, true, format!("n{node} announced and started"));
+                Active::Add { node }
+            }
             FaultKind::Kill => {
                 let node = random_node;
                 if self.gone.contains(&node) {
@@ -1024,6 +1104,19 @@ impl Nemesis {
                 format!("n{node}'s wall clock left as it is")
             }
             Active::Move => String::new(),
+            Active::Add { node } => {
+                // An announcement the mover could not make (no metadata leader for its whole
+                // retry) is made again: a node that is never announced never serves.
+                if !Self::incarnation_recorded(node, shared)
+                    && !self.order(MoveOrder::Table {
+                        kind,
+                        ops: vec![Self::announce(node)],
+                    })
+                {
+                    return Some(Active::Add { node });
+                }
+                format!("n{node} joined")
+            }
             Active::Drain { node, remove } => {
                 // A node crashed by the other stream just now is undrained, not removed (its
                 // restart must not bring back a removed node); so is one when some group has
@@ -1130,15 +1223,22 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
     check_options(options)?;
     install_panic_hook();
     let panics_before = lock(&PANICS).len();
-    let (certs, ca_pem) = certificates(&options.work_dir, options.nodes)?;
-    let scratch = tempfile::Builder::new()
-        .prefix(&format!("tenure-sim-{}-", options.seed))
-        .tempdir_in(&options.work_dir)
-        .map_err(io("creating the run directory"))?;
     let kinds = options
         .nemeses
         .clone()
         .unwrap_or_else(|| profile_for(options.seed, options.nodes));
+    // `add-node` starts a spare node, the one after the founders.
+    let spare = kinds
+        .contains(&FaultKind::AddNode)
+        .then_some(options.nodes + 1);
+    let (certs, ca_pem) = certificates(
+        &options.work_dir,
+        options.nodes + u64::from(spare.is_some()),
+    )?;
+    let scratch = tempfile::Builder::new()
+        .prefix(&format!("tenure-sim-{}-", options.seed))
+        .tempdir_in(&options.work_dir)
+        .map_err(io("creating the run directory"))?;
     let profile = if kinds.len() == 1 {
         format!("alone {}", kinds[0].name())
     } else {
@@ -1149,9 +1249,16 @@ pub fn run(options: &SimOptions) -> Result<SimReport, SimError> {
     };
 
     let mut rng = SmallRng::seed_from_u64(options.seed);
-    let mut sim = build_simulation(options, &mut rng)?;
+    let mut sim = build_simulation(options, spare, &mut rng)?;
     let shared = Arc::new(Shared::default());
-    let nodes = add_nodes(&mut sim, options, &mut rng, scratch.path(), &certs, &shared);
+    let nodes = add_nodes(
+        &mut sim,
+        options,
+        &mut rng,
+        (scratch.path(), &certs),
+        &shared,
+        spare,
+    );
     let (stop_tx, stop_rx) = watch::channel(None::<Nanos>);
     let mut mover = Mover::default();
     let mover_orders = if kinds.iter().any(|k| k.is_membership()) {
@@ -1238,6 +1345,7 @@ fn check_options(options: &SimOptions) -> Result<(), SimError> {
 /// seeded from `rng` too, and the node names resolving to their fixed addresses.
 fn build_simulation(
     options: &SimOptions,
+    spare: Option<u64>,
     rng: &mut SmallRng,
 ) -> Result<turmoil::Sim<'static>, SimError> {
     // openraft's random numbers (election timeouts) on this thread: from the seed.
@@ -1251,8 +1359,8 @@ fn build_simulation(
         .max_message_latency(Duration::from_millis(15))
         .udp_capacity(4_096)
         .build();
-    // Names first: n1 = 192.168.0.1, ...
-    for id in 1..=options.nodes {
+    // Names first: n1 = 192.168.0.1, ... (the spare node after the founders).
+    for id in (1..=options.nodes).chain(spare) {
         let ip = sim.lookup(node_name(id));
         if ip != node_ip(id) {
             return Err(SimError::Options(format!(
@@ -1271,17 +1379,20 @@ struct NodeHandles {
     wall_clocks: BTreeMap<u64, Arc<SimWallClock>>,
     clock_rates: BTreeMap<u64, Arc<watch::Sender<i64>>>,
     base_rate_ppm: BTreeMap<u64, i64>,
+    /// The spare node and the switch that starts its node (`add-node`).
+    spare: Option<(u64, Arc<watch::Sender<bool>>)>,
 }
 
 /// One host per node, running the real server on a memory disk; each restart of a host is a
-/// new incarnation with its own seed.
+/// new incarnation with its own seed. With `spare`, one more host whose node starts only when
+/// `add-node` announces it (`NodeHandles::spare`).
 fn add_nodes(
     sim: &mut turmoil::Sim<'static>,
     options: &SimOptions,
     rng: &mut SmallRng,
-    scratch: &Path,
-    certs: &Path,
+    (scratch, certs): (&Path, &Path),
     shared: &Arc<Shared>,
+    spare: Option<u64>,
 ) -> NodeHandles {
     let mut handles = NodeHandles {
         disks: BTreeMap::new(),
@@ -1289,8 +1400,9 @@ fn add_nodes(
         wall_clocks: BTreeMap::new(),
         clock_rates: BTreeMap::new(),
         base_rate_ppm: BTreeMap::new(),
+        spare: None,
     };
-    for id in 1..=options.nodes {
+    for id in (1..=options.nodes).chain(spare) {
         let disk = MemoryDisk::new(rng.random(), rng.random_range(100..=2_000));
         handles.disks.insert(id, disk.clone());
         let rate_ppm = match options.out_of_bound_drift_ppm {
@@ -1300,8 +1412,14 @@ fn add_nodes(
         handles.base_rate_ppm.insert(id, rate_ppm);
         let data_dir = scratch.join(node_name(id));
         handles.data_dirs.insert(id, data_dir.clone());
-        let mut config = node_config(options, id, data_dir.clone(), certs);
+        let mut config = node_config(options, id, id.max(options.nodes), data_dir.clone(), certs);
         config.testing.clock_rate_ppm = rate_ppm;
+        // The spare node joins the running cluster once `add-node` announces and starts it.
+        let start = (Some(id) == spare).then(|| Arc::new(watch::Sender::new(false)));
+        if let Some(start) = &start {
+            config.cluster.join_existing = true;
+            handles.spare = Some((id, start.clone()));
+        }
         let node_seed: u64 = rng.random();
         let wall_clock = Arc::new(SimWallClock::default());
         handles.wall_clocks.insert(id, wall_clock.clone());
@@ -1315,7 +1433,12 @@ fn add_nodes(
             let data_dir = data_dir.clone();
             let wall_clock = wall_clock.clone();
             let clock_rate = clock_rate.clone();
+            let start = start.clone();
             async move {
+                if let Some(start) = start {
+                    // A machine with no tenure running yet: until `add-node` starts it.
+                    let _ = start.subscribe().wait_for(|started| *started).await;
+                }
                 let incarnation = {
                     let mut incarnations = lock(&shared.incarnations);
                     let entry = incarnations.entry(id).or_default();
@@ -1576,6 +1699,9 @@ impl Nemesis {
             out: std::collections::BTreeSet::new(),
             gone: std::collections::BTreeSet::new(),
             wipes_in_birth_window: 0,
+            wipes_unpinned: 0,
+            spare: nodes.spare,
+            added: Vec::new(),
             groups: options.groups,
         }
     }
@@ -1767,8 +1893,10 @@ fn judge(
         moves_done: nemesis.moves_done,
         moves_failed: nemesis.moves_failed,
         nodes_gone: nemesis.gone.iter().copied().collect(),
+        nodes_added: nemesis.added.clone(),
         nodes_wiped: lock(&shared.wiped).iter().copied().collect(),
         wipes_in_birth_window: nemesis.wipes_in_birth_window,
+        wipes_unpinned: nemesis.wipes_unpinned,
         nodes_excluded: lock(&shared.exclusions).keys().copied().collect(),
         voters_on_gone_nodes: ran
             .final_voters

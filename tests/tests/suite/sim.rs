@@ -28,22 +28,26 @@ use crate::one_at_a_time;
 ///   ignored). Fixed by keying stateless resets from the node's private key.
 ///
 /// A seed replays its original run only with the code it failed on: adding fault kinds changed
-/// the 5-node profile slots (mod 15 since the membership nemeses, mod 12 before), so 101739,
+/// the 5-node profile slots (mod 16 since `add-node`, mod 15 since the other membership
+/// nemeses, mod 12 before), so 101739,
 /// 107591, 108779 and 109395 now draw other profiles, and the controller's 1 s rounds changed
 /// every trace. They stay in the corpus as more seeds of crashes and restarts on 3 and 5 nodes;
 /// they no longer replay the schedules that found those bugs.
+/// - 960055 (replace-node on 5 nodes): a founder wiped 3 s into the run, before its first
+///   `NodeUp`, was admitted (the replica gate's birth window) and openraft's leader panicked on
+///   the follower's log going back. Fixed by the founder pins (`tenure_server::founders`).
 const FAILED_ONCE: &[u64] = &[
-    10, 11, 20, 30, 100331, 101739, 104159, 107591, 107920, 108779, 109395,
+    10, 11, 20, 30, 100331, 101739, 104159, 107591, 107920, 108779, 109395, 960055,
 ];
 
 /// Fixed seeds of the corpus: 1..=48 covers every profile slot on 3 nodes (seed mod 11: one kind
 /// alone, or all of them combined, the membership kinds excepted: they need a spare node) and,
-/// with 51, 55 and 59, every slot on 5 nodes (the seeds 3 mod 4; slot (seed / 4) mod 15: 43
-/// `move-replica`, 47 `drain-node`, 51 `remove-node`, 55 `replace-node`, 59 the combined
-/// profile on 5 nodes).
+/// with 51, 55, 59 and 63, every slot on 5 nodes (the seeds 3 mod 4; slot (seed / 4) mod 16: 43
+/// `move-replica`, 47 `drain-node`, 51 `remove-node`, 55 `replace-node`, 59 `add-node`, 63 the
+/// combined profile on 5 nodes).
 fn corpus() -> Vec<u64> {
     let mut seeds: BTreeSet<u64> = (1..=48).collect();
-    seeds.extend([51, 55, 59]);
+    seeds.extend([51, 55, 59, 63]);
     seeds.extend(FAILED_ONCE);
     seeds.into_iter().collect()
 }

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_core::{ClusterOp, METADATA_GROUP, NodeAddresses, NodeRecord, NodeState};
+use tenure_core::{ClusterOp, FounderNode, METADATA_GROUP, NodeAddresses, NodeRecord, NodeState};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
@@ -41,7 +41,9 @@ const GATE_CALL_TIMEOUT: Duration = Duration::from_secs(3);
 /// Returns true once the gate is open, false when this node was excluded.
 ///
 /// While no other node knows a node table (every other node answered with version 0) the
-/// cluster is new and nobody has state to lose: the gate opens. Once one does, the table
+/// cluster is new: unless one of them pinned this node with another data directory (then it is
+/// excluded), the founders' incarnations are pinned durably (`crate::founders`) and the gate
+/// opens. Once one does, the table
 /// decides through this node's `NodeUp`: accepted (this incarnation, or one the table never
 /// recorded) opens the gate; refused (another incarnation of this id, a removed node) excludes
 /// the node. Anything else (no answer, no metadata leader) is asked again every second, and
@@ -61,32 +63,108 @@ pub(crate) async fn settle_replica_gate(shared: &Arc<NodeShared>) -> bool {
         let say = last_said.is_none_or(|at| at.elapsed() >= COMPLAINT_INTERVAL);
         if !table_exists {
             let others = shared.other_nodes();
+            // Two passes: first what each node says of itself, then what each has pinned (a
+            // pin read after a self-report is as new as that report: a founder that served with
+            // a node's old directory pinned it before it served, so before the node was wiped,
+            // so before the first pass heard the new directory).
+            let first = ask_versions_zero(shared, &others).await;
+            let second = match &first {
+                PassOutcome::Answers(_) => ask_versions_zero(shared, &others).await,
+                _ => PassOutcome::Silent(Vec::new()),
+            };
             let mut silent = Vec::new();
-            for &peer in &others {
-                match shared
-                    .ask_node(
-                        peer,
-                        tenure_proto::client::RequestBody::ClusterNodes,
-                        GATE_CALL_TIMEOUT,
-                    )
-                    .await
-                {
-                    Ok(tenure_proto::client::ResponseBody::Cluster(meta)) => {
-                        if meta.version > 0 {
-                            shared.adopt_cluster_view(meta);
-                            table_exists = true;
-                            break;
+            let mut pinned_elsewhere = Vec::new();
+            let mut self_reports = Vec::new();
+            let mut pinned_otherwise: Option<String> = None;
+            match (first, second) {
+                (PassOutcome::Table(meta), _) | (_, PassOutcome::Table(meta)) => {
+                    shared.adopt_cluster_view(meta);
+                    table_exists = true;
+                }
+                (PassOutcome::Silent(peers), _) | (_, PassOutcome::Silent(peers)) => {
+                    silent = peers;
+                }
+                (PassOutcome::Answers(reports), PassOutcome::Answers(pins)) => {
+                    for (peer, meta) in &reports {
+                        let said = meta.node(*peer).map_or(0, |record| record.incarnation);
+                        let says_now = pins
+                            .iter()
+                            .find(|(again, _)| again == peer)
+                            .and_then(|(_, meta)| meta.node(*peer))
+                            .map_or(0, |record| record.incarnation);
+                        if said != says_now {
+                            // Restarted with another directory between the passes: again.
+                            silent.push(*peer);
+                        }
+                        self_reports.push((*peer, said));
+                    }
+                    for (peer, meta) in &pins {
+                        for record in meta.nodes.values() {
+                            if !shared.config.peers.contains_key(&record.node_id) {
+                                continue;
+                            }
+                            if record.node_id == me {
+                                if record.incarnation != 0
+                                    && record.incarnation != shared.incarnation
+                                {
+                                    pinned_otherwise = Some(format!(
+                                        "node {peer} pinned node {me} as a founder with another \
+                                         data directory (incarnation {}, this one {})",
+                                        record.incarnation, shared.incarnation
+                                    ));
+                                }
+                            } else if record.node_id != *peer {
+                                pinned_elsewhere.push((record.node_id, record.incarnation));
+                            }
                         }
                     }
-                    _ => silent.push(peer),
                 }
             }
+            if let Some(reason) = pinned_otherwise {
+                return exclude(shared, reason);
+            }
             if !table_exists {
-                if silent.is_empty() {
+                // A node that joins an existing cluster never founds one: it is announced in a
+                // table (`AddNode`), so it waits for that table to be answered.
+                let joining = shared.config.cluster.join_existing;
+                if silent.is_empty() && !joining {
+                    // A new cluster: pin every founder's incarnation durably before this node's
+                    // replicas open (`crate::founders`), so that none of them can come back
+                    // with an empty directory under its old id while no table exists.
+                    let pinned = shared.founder_pins();
+                    let (pins, conflicts) = crate::founders::merge_pins(
+                        &pinned,
+                        pinned_elsewhere
+                            .into_iter()
+                            .chain(self_reports)
+                            .chain([(me, shared.incarnation)]),
+                    );
+                    for conflict in &conflicts {
+                        warn!(
+                            node = me,
+                            founder = conflict.node_id,
+                            pinned = conflict.pinned,
+                            reported = conflict.reported,
+                            "a founder reports another data directory than the one pinned: it \
+                             lost its data and stays refused"
+                        );
+                    }
+                    if pins != pinned {
+                        if let Err(error) = shared.set_founder_pins(pins) {
+                            error!(
+                                node = me,
+                                "cannot pin the founders' data directories ({error}); this \
+                                 node's replicas stay closed (next second again)"
+                            );
+                            tokio::time::sleep(SYNC_INTERVAL).await;
+                            continue;
+                        }
+                    }
                     info!(
                         node = me,
-                        "no node knows a node table yet (a new cluster): this node's replicas \
-                         are open to its peers"
+                        founders = ?shared.founder_pins(),
+                        "no node knows a node table yet (a new cluster): founders pinned, this \
+                         node's replicas are open to its peers"
                     );
                     return gate.open();
                 }
@@ -95,8 +173,10 @@ pub(crate) async fn settle_replica_gate(shared: &Arc<NodeShared>) -> bool {
                     warn!(
                         node = me,
                         waiting = ?silent,
+                        joining,
                         "first start of this data directory: its replicas stay closed until \
-                         every other node answers (a new cluster) or the node table admits it"
+                         every other node answers (a new cluster; never for a joining node) or \
+                         the node table admits it"
                     );
                 }
                 tokio::time::sleep(SYNC_INTERVAL).await;
@@ -149,6 +229,44 @@ pub(crate) async fn settle_replica_gate(shared: &Arc<NodeShared>) -> bool {
                 tokio::time::sleep(SYNC_INTERVAL).await;
             }
         }
+    }
+}
+
+/// What one pass of `ClusterNodes` questions to every other node found.
+enum PassOutcome {
+    /// Some node knows a node table (the first one heard).
+    Table(tenure_core::ClusterMeta),
+    /// These nodes did not answer.
+    Silent(Vec<u64>),
+    /// Every node answered without a table: its pins and itself (`crate::founders`).
+    Answers(Vec<(u64, tenure_core::ClusterMeta)>),
+}
+
+async fn ask_versions_zero(shared: &NodeShared, others: &[u64]) -> PassOutcome {
+    let mut silent = Vec::new();
+    let mut answers = Vec::new();
+    for &peer in others {
+        match shared
+            .ask_node(
+                peer,
+                tenure_proto::client::RequestBody::ClusterNodes,
+                GATE_CALL_TIMEOUT,
+            )
+            .await
+        {
+            Ok(tenure_proto::client::ResponseBody::Cluster(meta)) => {
+                if meta.version > 0 {
+                    return PassOutcome::Table(meta);
+                }
+                answers.push((peer, meta));
+            }
+            _ => silent.push(peer),
+        }
+    }
+    if silent.is_empty() {
+        PassOutcome::Answers(answers)
+    } else {
+        PassOutcome::Silent(silent)
     }
 }
 
@@ -350,21 +468,28 @@ fn log_change(
     }
 }
 
+/// Records the configured peers as the node table, with the founders' incarnations this node
+/// pinned (`crate::founders`; 0 for a node it did not pin, as in a cluster founded by an older
+/// build).
 async fn record_configured_peers(shared: &NodeShared) {
+    let pins = shared.founder_pins();
     let nodes = shared
         .config
         .peers
         .iter()
-        .map(|(&node_id, peer)| NodeAddresses {
-            node_id,
-            addr: peer.addr.to_string(),
-            http_addr: peer.http_addr.to_string(),
+        .map(|(&node_id, peer)| FounderNode {
+            node: NodeAddresses {
+                node_id,
+                addr: peer.addr.to_string(),
+                http_addr: peer.http_addr.to_string(),
+            },
+            incarnation: pins.get(&node_id).copied().unwrap_or(0),
         })
         .collect();
     log_change(
         shared,
         shared
-            .propose_cluster_change(ClusterOp::Record { nodes })
+            .propose_cluster_change(ClusterOp::RecordFounders { nodes })
             .await,
         "recorded the configured peers as the cluster's node table",
         "recording the node table failed (next second again)",

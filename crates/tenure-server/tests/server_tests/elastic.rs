@@ -173,6 +173,28 @@ async fn the_cluster_grows_drains_removes_and_heals_with_every_lease() {
     .await
     .unwrap();
     assert!(meta.version >= 4, "{meta:?}");
+    // Before its replicas opened, each founder pinned every founder's data directory
+    // (`tenure_server::founders`): the table's incarnations are those directories'.
+    let incarnations: BTreeMap<u64, u64> = (1..=3)
+        .map(|node| {
+            let identity = tenure_server::identity::read_identity(&cluster.node(node).data_dir)
+                .unwrap()
+                .unwrap();
+            (node, identity.created_unix_ms)
+        })
+        .collect();
+    // (A founder that first heard of the table, not of the others' pins, pins nothing.)
+    let mut pinned = 0;
+    for node in 1..=3 {
+        let pins =
+            tenure_server::founders::read_founder_pins(&cluster.node(node).data_dir).unwrap();
+        if !pins.is_empty() {
+            assert_eq!(pins, incarnations, "node {node}'s founder pins");
+            pinned += 1;
+        }
+        assert_eq!(meta.node(node).unwrap().incarnation, incarnations[&node]);
+    }
+    assert!(pinned >= 1, "no founder pinned the others");
 
     let mut leases = Vec::new();
     for i in 0..30 {

@@ -35,8 +35,8 @@ use openraft::testing::log_id;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tenure_core::{
-    AcquireRequest, ClusterOp, Command, CommandResult, Entry, GroupId, GroupLimits, LeaseId,
-    LeaseOp, LeaseStateMachine, NodeAddresses, NodeState, ReleaseRequest, RenewRequest,
+    AcquireRequest, ClusterOp, Command, CommandResult, Entry, FounderNode, GroupId, GroupLimits,
+    LeaseId, LeaseOp, LeaseStateMachine, NodeAddresses, NodeState, ReleaseRequest, RenewRequest,
     ResourceKey, SNAPSHOT_FORMAT_VERSION, StateOptions, TenantPolicy, TransferRequest,
 };
 use tenure_golden::Golden;
@@ -190,6 +190,22 @@ fn commands() -> Vec<(&'static str, Command)> {
                 incarnation: 1_764_000_000_000,
             }),
         ),
+        // Added with the founders' pinned incarnations (value format 3, peer protocol 4), last.
+        (
+            "cluster_record_founders",
+            Command::Cluster(ClusterOp::RecordFounders {
+                nodes: (1..=3)
+                    .map(|node_id| FounderNode {
+                        node: node_addresses(node_id),
+                        incarnation: if node_id == 2 {
+                            0
+                        } else {
+                            1_764_000_000_000 + node_id
+                        },
+                    })
+                    .collect(),
+            }),
+        ),
     ]
 }
 
@@ -331,6 +347,10 @@ fn log_entries_and_raft_metadata_bytes_are_pinned() {
         .find(|(name, _)| name == "log_batch")
         .map(|(_, entry)| entry)
         .unwrap();
+    assert_eq!(codec::decode::<LogEntry>(&legacy).unwrap(), batch);
+    // And one written by value format 2 (before RecordFounders).
+    let legacy = golden.legacy("legacy_v2_log_batch");
+    assert_eq!(codec::value_format_version(&legacy), Ok(2));
     assert_eq!(codec::decode::<LogEntry>(&legacy).unwrap(), batch);
     finish(golden);
 }
