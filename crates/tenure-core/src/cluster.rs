@@ -90,7 +90,8 @@ pub struct NodeRecord {
 pub enum ClusterOp {
     /// Records the configured members as `Active` when the table is empty (a cluster's first
     /// start, or an existing cluster's first start with a build that keeps the table); a no-op
-    /// otherwise.
+    /// otherwise. Builds since value format 3 propose [`ClusterOp::RecordFounders`] instead;
+    /// this variant stays so that older logs still apply.
     Record {
         /// The configured members.
         nodes: Vec<NodeAddresses>,
