@@ -28,6 +28,10 @@ pub enum NegativeControl {
     /// Leaders measure the time since they took over with the wall clock instead of the
     /// monotonic one (a jump of the wall clock moves log time: early expiry).
     ExpireByWallClock,
+    /// A founding node neither reads the other founders' pins nor refuses itself for them
+    /// (`tenure-server`'s founder pins): a founder wiped in the cluster's first seconds is
+    /// admitted under its old id (breaks the replica gate: amnesia).
+    IgnoreFounderPins,
 }
 
 impl NegativeControl {
@@ -35,12 +39,13 @@ impl NegativeControl {
     pub const AVAILABLE: bool = cfg!(feature = "negative-controls");
 
     /// Every control, [`NegativeControl::None`] first.
-    pub const ALL: [NegativeControl; 5] = [
+    pub const ALL: [NegativeControl; 6] = [
         NegativeControl::None,
         NegativeControl::SkipExpiryCheck,
         NegativeControl::DisableDeduplication,
         NegativeControl::ResetTokensOnNewLeader,
         NegativeControl::ExpireByWallClock,
+        NegativeControl::IgnoreFounderPins,
     ];
 
     /// Its name in configurations and reports (`skip-expiry-check`, ...).
@@ -51,6 +56,7 @@ impl NegativeControl {
             NegativeControl::DisableDeduplication => "disable-deduplication",
             NegativeControl::ResetTokensOnNewLeader => "reset-tokens-on-new-leader",
             NegativeControl::ExpireByWallClock => "expire-by-wall-clock",
+            NegativeControl::IgnoreFounderPins => "ignore-founder-pins",
         }
     }
 

@@ -81,6 +81,33 @@ fn unavailable(message: impl Into<String>) -> WireError {
     WireError::new(ErrorCode::Unavailable, message)
 }
 
+/// A version-0 `ClusterNodes` answer from `(node, incarnation, addr, http_addr)` pins: each a
+/// `Joining` record with its incarnation.
+pub(crate) fn pins_as_table(
+    pins: impl IntoIterator<Item = (u64, u64, String, String)>,
+) -> ClusterMeta {
+    let nodes = pins
+        .into_iter()
+        .map(|(node_id, incarnation, addr, http_addr)| {
+            let record = tenure_core::NodeRecord {
+                node_id,
+                addr,
+                http_addr,
+                state: NodeState::Joining,
+                cert_sha256: None,
+                incarnation,
+                changed_at_ms: 0,
+            };
+            (node_id, record)
+        })
+        .collect();
+    ClusterMeta {
+        version: 0,
+        nodes,
+        ..ClusterMeta::default()
+    }
+}
+
 impl NodeShared {
     /// The newer of this node's view and its metadata replica's applied table (which a
     /// restarted node has from its first moment, before its view follows): what `ClusterNodes`
@@ -114,32 +141,15 @@ impl NodeShared {
     fn founder_pins_answer(&self) -> ClusterMeta {
         let mut pins = self.founder_pins();
         pins.entry(self.config.node_id).or_insert(self.incarnation);
-        let nodes = pins
-            .into_iter()
-            .map(|(node_id, incarnation)| {
-                let (addr, http_addr) = self
-                    .config
-                    .peers
-                    .get(&node_id)
-                    .map(|peer| (peer.addr.to_string(), peer.http_addr.to_string()))
-                    .unwrap_or_default();
-                let record = tenure_core::NodeRecord {
-                    node_id,
-                    addr,
-                    http_addr,
-                    state: NodeState::Joining,
-                    cert_sha256: None,
-                    incarnation,
-                    changed_at_ms: 0,
-                };
-                (node_id, record)
-            })
-            .collect();
-        ClusterMeta {
-            version: 0,
-            nodes,
-            ..ClusterMeta::default()
-        }
+        pins_as_table(pins.into_iter().map(|(node_id, incarnation)| {
+            let (addr, http_addr) = self
+                .config
+                .peers
+                .get(&node_id)
+                .map(|peer| (peer.addr.to_string(), peer.http_addr.to_string()))
+                .unwrap_or_default();
+            (node_id, incarnation, addr, http_addr)
+        }))
     }
 
     /// The founders' incarnations this node pinned (`crate::founders`).

@@ -443,7 +443,7 @@ pub struct TestingConfig {
     pub fault_control: bool,
     /// A guarantee to break on purpose, so a checker can be seen failing: `none` (default),
     /// `skip-expiry-check`, `disable-deduplication`, `reset-tokens-on-new-leader`,
-    /// `expire-by-wall-clock`. Only builds with the test-only `negative-controls` feature accept
+    /// `expire-by-wall-clock`, `ignore-founder-pins`. Only builds with the test-only `negative-controls` feature accept
     /// anything but `none`; every node of a cluster must name the same one.
     pub negative_control: NegativeControl,
 }

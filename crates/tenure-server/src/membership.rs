@@ -649,7 +649,8 @@ impl NodeShared {
 /// a node admitted on its first start into a running cluster (one the table never saw report,
 /// such as a node that crashed before its first report) finds its groups alive elsewhere and
 /// joins them instead. Until every node answered, it asks again every second (bounded per
-/// attempt), saying whom it waits for every 30 s.
+/// attempt), saying whom it waits for every 30 s; a node removed from the table meanwhile is
+/// no longer waited for.
 pub(crate) async fn bootstrap(
     shared: Arc<NodeShared>,
     fresh: Vec<FreshGroup>,
@@ -663,10 +664,18 @@ pub(crate) async fn bootstrap(
     let mut existing: BTreeMap<u32, u64> = BTreeMap::new();
     if !fresh.is_empty() {
         let mut answered: BTreeSet<u64> = BTreeSet::new();
-        let others = shared.other_nodes();
+        let mut others = shared.other_nodes();
         let started = tokio::time::Instant::now();
         let mut last_said = started;
         while answered.len() < others.len() {
+            // A node removed meanwhile (an operator's way out when one never answers, such as a
+            // founder excluded for a lost data directory that has exited) is not waited for.
+            let members = shared.other_nodes();
+            others.retain(|peer| members.contains(peer));
+            answered.retain(|peer| others.contains(peer));
+            if answered.len() >= others.len() {
+                break;
+            }
             let waiting: Vec<u64> = others
                 .iter()
                 .copied()

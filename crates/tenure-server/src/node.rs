@@ -351,6 +351,13 @@ impl Node {
         self.shared.replica_gate.excluded()
     }
 
+    /// True once this excluded node stopped its replicas and transport: the moment to exit
+    /// (`crate::replica_gate`: at once, or, when excluded before any node table existed, once
+    /// one exists).
+    pub fn retired(&self) -> watch::Receiver<bool> {
+        self.shared.replica_gate.retired()
+    }
+
     /// True once peers may reach this node's replicas (`crate::replica_gate`: at once on a
     /// restart, after the node table admitted the data directory on a first start).
     pub fn replicas_admitted(&self) -> bool {

@@ -18,6 +18,14 @@
 //! re-creates its replicas elsewhere after `node_dead_after_ms`), and `tenure serve` exits with
 //! the reason. The way back is a new id (`tenurectl node remove`, then join as a new node).
 //!
+//! A founder excluded before any node table exists (another founder pinned it with another
+//! directory) keeps its transport, refusing every request but the questions about the cluster
+//! (`ClusterNodes`, `Routing`, `Status`), until it learns of a table and 30 s more: a founder
+//! whose own first start is still pending waits for an answer from every other node (its gate
+//! asks `ClusterNodes`, its bootstrap `Status`), and would wait forever for one that exited.
+//! Only then does it stop its transport and exit (no controller can count it dead before a
+//! table exists anyway).
+//!
 //! A restart from a data directory that holds recorded replicas, or a replica with a durable
 //! vote or log (a first start that crashed before recording), opens the gate at once; the
 //! replica record is written only while the gate is open.
@@ -53,6 +61,9 @@ pub struct ReplicaGate {
     ever_opened: AtomicBool,
     /// The reason once excluded (`None` until then).
     excluded: watch::Sender<Option<String>>,
+    /// True once an excluded node stopped its replicas and its transport (at once, or, when
+    /// excluded before any node table existed, once one does: see the module documentation).
+    retired: watch::Sender<bool>,
 }
 
 impl ReplicaGate {
@@ -63,6 +74,7 @@ impl ReplicaGate {
             state: AtomicU8::new(if open { OPEN } else { PENDING }),
             ever_opened: AtomicBool::new(open),
             excluded: watch::Sender::new(None),
+            retired: watch::Sender::new(false),
         }
     }
 
@@ -107,6 +119,16 @@ impl ReplicaGate {
     /// The reason this node was excluded, as soon as it is (`None` until then).
     pub fn excluded(&self) -> watch::Receiver<Option<String>> {
         self.excluded.subscribe()
+    }
+
+    /// Marks an excluded node's replicas and transport stopped: the node may exit now.
+    pub(crate) fn retire(&self) {
+        self.retired.send_replace(true);
+    }
+
+    /// True once an excluded node stopped its replicas and transport (see [`ReplicaGate::retire`]).
+    pub fn retired(&self) -> watch::Receiver<bool> {
+        self.retired.subscribe()
     }
 }
 
@@ -155,6 +177,10 @@ mod tests {
         assert!(!gate.open(), "an excluded node must never reopen");
         assert!(gate.ever_opened(), "it was open once");
         assert!(!gate.exclude("again".into()));
+        let retired = gate.retired();
+        assert!(!*retired.borrow(), "excluded is not yet retired");
+        gate.retire();
+        assert!(*retired.borrow());
     }
 
     #[test]

@@ -214,6 +214,20 @@ impl NodeShared {
         ctx: RequestContext,
         body: RequestBody,
     ) -> Result<ResponseBody, WireError> {
+        if self.replica_gate.is_excluded()
+            && !matches!(
+                body,
+                RequestBody::ClusterNodes | RequestBody::Routing | RequestBody::Status
+            )
+        {
+            // An excluded node still answering (`crate::replica_gate`: excluded before any node
+            // table existed) serves nothing but the questions about the cluster.
+            return Err(WireError::new(
+                ErrorCode::Unavailable,
+                "this node was excluded from the cluster (its data directory is not the one the \
+                 other nodes know for its id): it serves nothing; ask another node",
+            ));
+        }
         match body {
             RequestBody::Authenticate { .. } => Err(WireError::new(
                 ErrorCode::InvalidArgument,

@@ -120,11 +120,15 @@ pub async fn serve_until_signalled(config: ServerConfig) -> Result<(), ServerErr
         http = %node.http_addr(),
         "node started"
     );
-    let mut excluded = node.excluded();
+    let excluded = node.excluded();
+    let mut retired = node.retired();
     let received = tokio::select! {
         _ = interrupt.recv() => "SIGINT",
         _ = terminate.recv() => "SIGTERM",
-        Ok(reason) = async { excluded.wait_for(Option::is_some).await.map(|r| r.clone()) } => {
+        // Excluded: exit once retired (at once, or for a founder excluded before any node table
+        // existed, once one exists: `crate::replica_gate`).
+        Ok(()) = async { retired.wait_for(|retired| *retired).await.map(|_| ()) } => {
+            let reason = excluded.borrow().clone();
             node.stop().await;
             return Err(ServerError::Excluded(reason.unwrap_or_default()));
         }

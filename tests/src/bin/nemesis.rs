@@ -130,7 +130,8 @@ struct RunArgs {
     #[arg(long)]
     keep_dirs: bool,
     /// Break a guarantee on purpose, to see the checker fail: skip-expiry-check,
-    /// disable-deduplication, reset-tokens-on-new-leader, expire-by-wall-clock.
+    /// disable-deduplication, reset-tokens-on-new-leader, expire-by-wall-clock,
+    /// ignore-founder-pins (needs a wipe in the birth window: the simulation has one).
     #[arg(long, default_value = "none", value_parser = parse_negative_control)]
     negative_control: NegativeControl,
 }

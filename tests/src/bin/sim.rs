@@ -16,6 +16,8 @@ use std::time::Instant;
 use anyhow::Context as _;
 use clap::Parser;
 use serde::Serialize;
+use tenure_core::NegativeControl;
+use tenure_tests::faults::FaultKind;
 use tenure_tests::sim::{SimOptions, SimReport, run};
 
 #[derive(Debug, Parser)]
@@ -39,6 +41,52 @@ struct Args {
     /// Print every seed's line (default: only seeds with violations, and progress).
     #[arg(long)]
     verbose: bool,
+    /// Node hosts per seed (default: the seed's, 5 for one seed in four, else 3).
+    #[arg(long)]
+    nodes: Option<u64>,
+    /// The nemeses every seed uses, a comma-separated list of the simulation's kinds, combined
+    /// when more than one (default: the seed draws one alone, or all combined).
+    #[arg(long, value_parser = parse_kinds)]
+    nemesis: Option<Kinds>,
+    /// Simulated milliseconds before the nemesis starts (default 3000). A short warm-up puts
+    /// faults into a cluster's first seconds: `--nodes 5 --nemesis replace-node --warmup-ms
+    /// 600` wipes founders before the node table has their incarnations (the founder pins'
+    /// birth window).
+    #[arg(long)]
+    warmup_ms: Option<u64>,
+    /// A guarantee every node breaks on purpose (test builds: the seeds must find violations),
+    /// e.g. `ignore-founder-pins` with the birth-window options above.
+    #[arg(long, value_parser = parse_control, default_value = "none")]
+    negative_control: NegativeControl,
+}
+
+fn parse_control(name: &str) -> Result<NegativeControl, String> {
+    NegativeControl::parse(name).ok_or_else(|| {
+        format!(
+            "unknown negative control {name:?} ({})",
+            NegativeControl::ALL.map(NegativeControl::name).join(", ")
+        )
+    })
+}
+
+/// A parsed `--nemesis` list (its own type: clap takes a bare `Vec` for repeated flags).
+#[derive(Debug, Clone)]
+struct Kinds(Vec<FaultKind>);
+
+fn parse_kinds(text: &str) -> Result<Kinds, String> {
+    text.split(',')
+        .map(|name| {
+            FaultKind::parse(name.trim())
+                .filter(|kind| kind.in_simulation())
+                .ok_or_else(|| {
+                    format!(
+                        "unknown nemesis {name:?} (the simulation applies: {})",
+                        FaultKind::SIMULATION.map(FaultKind::name).join(", ")
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Kinds)
 }
 
 #[derive(Debug, Serialize)]
@@ -154,6 +202,16 @@ fn main() -> anyhow::Result<()> {
         let mut options = SimOptions::for_seed(seed);
         options.fault_ms = args.fault_s.saturating_mul(1_000);
         options.work_dir = work_dir.clone();
+        if let Some(nodes) = args.nodes {
+            options.nodes = nodes;
+        }
+        if let Some(Kinds(kinds)) = &args.nemesis {
+            options.nemeses = Some(kinds.clone());
+        }
+        if let Some(warmup_ms) = args.warmup_ms {
+            options.warmup_ms = warmup_ms;
+        }
+        options.negative_control = args.negative_control;
         let seed_started = Instant::now();
         let report = run(&options).with_context(|| format!("seed {seed}"))?;
         let wall_s = seed_started.elapsed().as_secs_f64();
