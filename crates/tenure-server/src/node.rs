@@ -399,6 +399,9 @@ impl Node {
 
     /// Stops at once (no leadership hand-off).
     pub async fn stop(self) {
+        // Also ends an excluded node's linger (`crate::background::cluster_sync`), a detached
+        // task.
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
         let _ = self.http_shutdown.send(true);
         for task in &self.tasks {
             task.abort();

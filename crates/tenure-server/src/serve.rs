@@ -157,5 +157,9 @@ pub async fn serve_until_signalled(config: ServerConfig) -> Result<(), ServerErr
         }
     }
     info!(node = node_id, "stopped");
+    // Signalled while excluded (lingering: `crate::replica_gate`): the exit still says why.
+    if let Some(reason) = excluded.borrow().clone() {
+        return Err(ServerError::Excluded(reason));
+    }
     Ok(())
 }

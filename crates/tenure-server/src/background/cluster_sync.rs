@@ -392,6 +392,9 @@ fn exclude(shared: &Arc<NodeShared>, reason: String) -> bool {
          or acknowledge under its old id. Remove it (`tenurectl node remove {me}`) and start it \
          as a new node (a new node_id, `cluster.join_existing = true`)"
     );
+    // Decided now, not after the replicas stopped: a table adopted meanwhile must not cut the
+    // linger short for founders that still ask.
+    let before_any_table = shared.cluster_view().version == 0;
     let shared = shared.clone();
     tokio::spawn(async move {
         for handle in shared.hosted() {
@@ -402,7 +405,7 @@ fn exclude(shared: &Arc<NodeShared>, reason: String) -> bool {
         // replica gate asks `ClusterNodes`, their bootstrap `Status`: `crate::replica_gate`,
         // `crate::membership::bootstrap`), so it answers until it learns of a table, and a
         // while more for a founder that opened just before the table was recorded.
-        if shared.cluster_view().version == 0 {
+        if before_any_table {
             warn!(
                 node = me,
                 "excluded before any node table exists: answering the other nodes' questions \
