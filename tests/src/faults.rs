@@ -161,6 +161,25 @@ impl FaultKind {
         FaultKind::SIMULATION.contains(&self)
     }
 
+    /// A comma-separated list of names, each one of `applicable` (the fault suite's or the
+    /// simulation's kinds): what the `--nemesis` options of the `nemesis` and `sim` binaries
+    /// take. The error names the unknown one and the choices.
+    pub fn parse_list(text: &str, applicable: &[FaultKind]) -> Result<Vec<FaultKind>, String> {
+        text.split(',')
+            .map(|name| {
+                FaultKind::parse(name.trim())
+                    .filter(|kind| applicable.contains(kind))
+                    .ok_or_else(|| {
+                        let choices: Vec<&str> = applicable.iter().map(|k| k.name()).collect();
+                        format!(
+                            "unknown nemesis {name:?} (this one applies: {})",
+                            choices.join(", ")
+                        )
+                    })
+            })
+            .collect()
+    }
+
     /// True for faults that take nodes away from the majority (the fault suite's plans run at
     /// most one at a time).
     pub fn disrupts_nodes(self) -> bool {

@@ -259,18 +259,7 @@ fn parse_kinds(text: &str) -> anyhow::Result<Vec<FaultKind>> {
     if text.trim() == "all" {
         return Ok(FaultKind::FAULT_SUITE.to_vec());
     }
-    text.split(',')
-        .map(|name| {
-            FaultKind::parse(name.trim())
-                .filter(|kind| kind.in_fault_suite())
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "unknown nemesis {name:?} (this suite applies: {})",
-                        FaultKind::FAULT_SUITE.map(FaultKind::name).join(", ")
-                    )
-                })
-        })
-        .collect()
+    FaultKind::parse_list(text, &FaultKind::FAULT_SUITE).map_err(anyhow::Error::msg)
 }
 
 /// Run `index`'s kinds and whether they overlap.

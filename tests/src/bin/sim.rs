@@ -74,19 +74,7 @@ fn parse_control(name: &str) -> Result<NegativeControl, String> {
 struct Kinds(Vec<FaultKind>);
 
 fn parse_kinds(text: &str) -> Result<Kinds, String> {
-    text.split(',')
-        .map(|name| {
-            FaultKind::parse(name.trim())
-                .filter(|kind| kind.in_simulation())
-                .ok_or_else(|| {
-                    format!(
-                        "unknown nemesis {name:?} (the simulation applies: {})",
-                        FaultKind::SIMULATION.map(FaultKind::name).join(", ")
-                    )
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Kinds)
+    FaultKind::parse_list(text, &FaultKind::SIMULATION).map(Kinds)
 }
 
 #[derive(Debug, Serialize)]
