@@ -169,6 +169,31 @@ pub struct IntervalSample {
     pub p99_us: u64,
     /// Largest latency of the interval (µs).
     pub max_us: u64,
+    /// The interval's latencies in logarithmic buckets: `[upper_bound_us, count]` for every
+    /// non-empty bucket, bounds growing by [`LOG_BUCKET_RATIO`] from 1 µs. Summing the counts
+    /// of several intervals gives a window's percentiles (to within one bucket, 5%), which the
+    /// per-interval percentiles cannot.
+    pub latency_us_buckets: Vec<[u64; 2]>,
+}
+
+/// The ratio between consecutive bounds of [`IntervalSample::latency_us_buckets`].
+pub const LOG_BUCKET_RATIO: f64 = 1.05;
+
+/// Non-empty logarithmic buckets of `histogram` (see [`IntervalSample::latency_us_buckets`]).
+fn log_buckets(histogram: &Histogram<u64>) -> Vec<[u64; 2]> {
+    if histogram.is_empty() {
+        return Vec::new();
+    }
+    histogram
+        .iter_log(1, LOG_BUCKET_RATIO)
+        .filter(|bucket| bucket.count_since_last_iteration() > 0)
+        .map(|bucket| {
+            [
+                bucket.value_iterated_to(),
+                bucket.count_since_last_iteration(),
+            ]
+        })
+        .collect()
 }
 
 /// The shared recorder of one run.
@@ -265,6 +290,7 @@ impl Recorder {
             p50_us: percentiles.p50,
             p99_us: percentiles.p99,
             max_us: percentiles.max,
+            latency_us_buckets: log_buckets(&merged),
         }
     }
 
@@ -364,6 +390,43 @@ mod tests {
 
         recorder.reset();
         assert!(recorder.summary().is_empty());
+    }
+
+    #[test]
+    fn interval_buckets_sum_to_its_operations_and_bound_them_within_a_bucket() {
+        let recorder = Recorder::new();
+        let latencies_us = [10u64, 10, 950, 1_000, 1_050, 48_000, 50_000];
+        for (worker, &latency) in latencies_us.iter().enumerate() {
+            recorder.record(
+                worker,
+                OpKind::Acquire,
+                Duration::from_micros(latency),
+                Ok(()),
+            );
+        }
+        let interval = recorder.take_interval(1.0, 1.0);
+        let buckets = &interval.latency_us_buckets;
+        let counted: u64 = buckets.iter().map(|[_, count]| count).sum();
+        assert_eq!(counted, interval.ops);
+        assert!(buckets.windows(2).all(|pair| pair[0][0] < pair[1][0]));
+        // Each latency falls in a bucket whose upper bound is at most one ratio above it.
+        for latency in latencies_us {
+            let bound = buckets
+                .iter()
+                .map(|[bound, _]| *bound)
+                .find(|bound| *bound >= latency)
+                .unwrap();
+            #[allow(clippy::cast_precision_loss)]
+            let ratio = bound as f64 / latency as f64;
+            assert!(ratio <= LOG_BUCKET_RATIO + 0.01, "{latency} -> {bound}");
+        }
+        // An empty interval has no buckets.
+        assert!(
+            recorder
+                .take_interval(2.0, 1.0)
+                .latency_us_buckets
+                .is_empty()
+        );
     }
 
     #[test]

@@ -395,6 +395,8 @@ fn node_config(
         cluster: ClusterConfig {
             placement_interval_ms: 1_000,
             node_dead_after_ms: 2_000,
+            // Unpaced (as before the pause existed): a drain's moves run within its step.
+            move_pause_ms: 0,
             ..ClusterConfig::default()
         },
         testing: TestingConfig {

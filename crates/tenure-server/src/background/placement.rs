@@ -10,16 +10,20 @@
 //!    configuration, a leftover learner) gets that move finished. A voting replica on a node that
 //!    is not active (dead first, then removed, then draining) is moved to the active node with
 //!    the fewest replicas that does not hold the group.
-//! 3. **Balance.** With nothing to evacuate and no move running: while the most loaded active
-//!    node holds at least two replicas more than the least loaded, one replica moves from the
-//!    first to the second (a group the second does not hold).
+//! 3. **Balance.** With nothing to evacuate, no move running and `move_pause_ms` passed since
+//!    the last paced move ended: while the most loaded active node holds at least two replicas
+//!    more than the least loaded, one replica moves from the first to the second (a group the
+//!    second does not hold).
 //! 4. **Leaders.** Each group's preferred leader (the node table's `leader_preferences`, which
 //!    the groups' leaders follow, `background::balancer`) is one of its active voters, spread so
 //!    every active node prefers-leads about the same number of groups; a valid preference is kept
 //!    while its node is not over its share.
 //!
 //! Moves go through the groups' leaders (`MoveReplica`, the per-group mechanism of
-//! `crate::membership`), at most `cluster.moves_inflight_max` at once. Every decision is logged
+//! `crate::membership`), at most `cluster.moves_inflight_max` at once. Moves that only balance
+//! or empty a draining node wait `cluster.move_pause_ms` after the last move ended (pacing: a
+//! longer rebalance for less CPU taken from foreground requests at once); moves that restore
+//! the replication factor never wait. Every decision is logged
 //! and counted (`tenure_placement_decisions_total{kind}`); replicas and leaders per node are
 //! gauges.
 //!
@@ -62,6 +66,7 @@ pub(crate) async fn run_placement_controller(shared: Arc<NodeShared>) {
         unreachable_since: BTreeMap::new(),
         moves_running: Arc::new(AtomicUsize::new(0)),
         groups_moving: Arc::new(std::sync::Mutex::new(BTreeSet::new())),
+        last_move_ended: Arc::new(std::sync::Mutex::new(None)),
         active: false,
     };
     let mut rounds = super::Rounds::every(Duration::from_millis(interval_ms));
@@ -76,6 +81,8 @@ struct Controller {
     unreachable_since: BTreeMap<u64, Instant>,
     moves_running: Arc<AtomicUsize>,
     groups_moving: Arc<std::sync::Mutex<BTreeSet<u32>>>,
+    /// When this controller's last move ended (`cluster.move_pause_ms` counts from it).
+    last_move_ended: Arc<std::sync::Mutex<Option<Instant>>>,
     /// Whether this node was the active controller last round.
     active: bool,
 }
@@ -188,7 +195,14 @@ impl Controller {
                 // move to the running one and refuses another).
                 evacuating = true;
                 if let Some((from, to)) = repair_move(members, &active, &replicas) {
-                    self.start_move(members.group_id, from, to, "repair", "unfinished move");
+                    self.start_move(
+                        members.group_id,
+                        from,
+                        to,
+                        "repair",
+                        "unfinished move",
+                        false,
+                    );
                 }
                 continue;
             }
@@ -210,6 +224,15 @@ impl Controller {
                 continue;
             };
             evacuating = true;
+            // Only emptying a draining node that still answers is paced: a replica on a dead,
+            // removed or unreachable node is one the group lacks.
+            let paced = matches!(
+                view.node(from).map(|record| record.state),
+                Some(NodeState::Draining)
+            ) && (from == me || shared.transport.is_connected(from));
+            if paced && !self.pause_over() {
+                continue;
+            }
             let holders: BTreeSet<u64> = members
                 .voters
                 .iter()
@@ -227,13 +250,17 @@ impl Controller {
             let state = view
                 .node(from)
                 .map_or("unknown", |record| record.state.as_str());
-            if self.start_move(members.group_id, from, to, "evacuate", state) {
+            if self.start_move(members.group_id, from, to, "evacuate", state, paced) {
                 *planned.entry(to).or_insert(0) += 1;
             }
         }
 
         // 3. Balance.
-        if !evacuating && complete && self.moves_running.load(Ordering::SeqCst) == 0 {
+        if !evacuating
+            && complete
+            && self.moves_running.load(Ordering::SeqCst) == 0
+            && self.pause_over()
+        {
             let most = active
                 .iter()
                 .max_by_key(|node| (replicas.get(node).copied().unwrap_or(0), **node))
@@ -266,7 +293,7 @@ impl Controller {
                         })
                     });
                     if let Some(members) = candidate {
-                        self.start_move(members.group_id, most, least, "rebalance", "active");
+                        self.start_move(members.group_id, most, least, "rebalance", "active", true);
                     }
                 }
             }
@@ -276,6 +303,17 @@ impl Controller {
         if complete {
             self.set_leader_preferences(&groups, &active).await;
         }
+    }
+
+    /// Whether `cluster.move_pause_ms` has passed since this controller's last move ended (or
+    /// no move ended yet): a move that only balances or drains may start.
+    fn pause_over(&self) -> bool {
+        let pause = Duration::from_millis(self.shared.config.cluster.move_pause_ms);
+        let last = *self
+            .last_move_ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pause_over(last, pause, Instant::now())
     }
 
     /// The group's membership as its leader sees it.
@@ -304,7 +342,9 @@ impl Controller {
     }
 
     /// Starts one move in the background unless the bound is reached or the group is already
-    /// moving. Returns whether it started.
+    /// moving. Returns whether it started. The end of a `paced` move (balancing, draining)
+    /// starts `move_pause_ms` again; other moves (repairs, moves off nodes that are gone) leave
+    /// it alone, so one failing again and again cannot hold back the paced ones for ever.
     fn start_move(
         &self,
         group: u32,
@@ -312,6 +352,7 @@ impl Controller {
         to: u64,
         kind: &'static str,
         from_state: &str,
+        paced: bool,
     ) -> bool {
         let shared = self.shared.clone();
         let limit = shared.config.cluster.moves_inflight_max as usize;
@@ -337,11 +378,18 @@ impl Controller {
         );
         let running = self.moves_running.clone();
         let moving = self.groups_moving.clone();
+        let last_ended = self.last_move_ended.clone();
         tokio::spawn(async move {
             let outcome = request_move(&shared, group, from, to).await;
             match outcome {
                 Ok(()) => info!(group, from, to, "placement: move done"),
                 Err(message) => warn!(group, from, to, "placement: move failed: {message}"),
+            }
+            if paced {
+                let mut last = last_ended
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                *last = Some(Instant::now());
             }
             running.fetch_sub(1, Ordering::SeqCst);
             if let Ok(mut moving) = moving.lock() {
@@ -455,6 +503,13 @@ impl Controller {
     }
 }
 
+/// Whether a paced move may start at `now`: no pause, no move ended yet, or `pause` passed since
+/// the last one ended.
+fn pause_over(last_move_ended: Option<Instant>, pause: Duration, now: Instant) -> bool {
+    pause.is_zero()
+        || last_move_ended.is_none_or(|ended| now.saturating_duration_since(ended) >= pause)
+}
+
 /// The move that finishes a group's unfinished change: a joint configuration's old voter to its
 /// new one; a leftover learner (on an active node) takes the place of a voter that is not active,
 /// else of the busiest voter.
@@ -539,6 +594,21 @@ mod tests {
             last_log_index: 12,
             followers: Vec::new(),
         }
+    }
+
+    #[test]
+    fn paced_moves_wait_the_pause_after_the_last_move_ended() {
+        let ended = Instant::now();
+        let pause = Duration::from_secs(10);
+        assert!(pause_over(None, pause, ended));
+        assert!(pause_over(Some(ended), Duration::ZERO, ended));
+        assert!(!pause_over(Some(ended), pause, ended));
+        assert!(!pause_over(
+            Some(ended),
+            pause,
+            ended + Duration::from_millis(9_999)
+        ));
+        assert!(pause_over(Some(ended), pause, ended + pause));
     }
 
     #[test]

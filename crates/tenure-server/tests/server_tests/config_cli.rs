@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use tenure_server::config::{
-    self, AuthConfig, LimitsConfig, StorageConfig, TestingConfig, TimingConfig,
+    self, AuthConfig, ClusterConfig, LimitsConfig, StorageConfig, TestingConfig, TimingConfig,
 };
 
 fn tenure(args: &[&str]) -> Output {
@@ -199,6 +199,7 @@ fn example_config_is_valid_and_states_the_defaults() {
     assert_eq!(example.limits, LimitsConfig::default());
     assert_eq!(example.auth, AuthConfig::default());
     assert_eq!(example.storage, StorageConfig::default());
+    assert_eq!(example.cluster, ClusterConfig::default());
     assert_eq!(example.testing, TestingConfig::default());
     let config_dir = std::path::absolute(path.parent().unwrap()).unwrap();
     assert_eq!(example.data_dir, config_dir.join("data/node-1"));

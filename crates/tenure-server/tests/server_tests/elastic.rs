@@ -147,6 +147,9 @@ async fn the_cluster_grows_drains_removes_and_heals_with_every_lease() {
         cluster: Some(ClusterConfig {
             placement_interval_ms: 300,
             node_dead_after_ms: 3_000,
+            // Paced, briefly (the default is 10 s): the drain and the balancing go through the
+            // pause and still finish within the test's bounds.
+            move_pause_ms: 300,
             ..ClusterConfig::default()
         }),
         ..ClusterOptions::default()
