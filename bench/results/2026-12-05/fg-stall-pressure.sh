@@ -16,6 +16,6 @@ sleep 3
 timeout 80 $BIN/loadgen --target tenure --cluster $D/dev/cluster.json --scenario mixed --rate 500 --workers 256 --duration 45s > $OUT/mixed.txt 2>&1 || true
 for n in 1 2 3; do
   url=$(python3 -c "import json;c=json.load(open('$D/dev/cluster.json'));print([x for x in c['nodes'] if x['id']==$n][0]['http'])" 2>/dev/null || true)
-  [ -n "$url" ] && curl -s $url/metrics | grep -E "^tenure_(acquires_refused_renewal_pressure_total|renewals_late_total|renewals_sampled_total)" > $OUT/metrics-node$n.txt || true
+  [ -n "$url" ] && curl -s $url/metrics | grep -E "^tenure_(acquires_refused_renewal_pressure_total|renewals_late_total|renewals_sampled_total|lease_proposal_mean_seconds)" > $OUT/metrics-node$n.txt || true
 done
 kill -TERM $DEV; wait $DEV || true; rm -rf $D

@@ -9,9 +9,21 @@
 //! [`RenewalPressure`] watches how late renewals reach the leader. A client library sends a
 //! renewal with about two thirds of its ttl left; when a tenant's renewals arrive with less than
 //! `late_remaining_percent` of it (its holders' renewals are falling behind: the cluster, or its
-//! clients, cannot keep up with the leases held), the node refuses that tenant's new acquires for
-//! a while with `OVERLOADED`, so the capacity goes to the leases already held instead of shedding
-//! them.
+//! clients, cannot keep up with the leases held) *and* the node is short of capacity, the node
+//! refuses that tenant's new acquires for a while with `OVERLOADED`, so the capacity goes to the
+//! leases already held instead of shedding them. On a node with capacity to spare, refusing
+//! frees nothing: late renewals there are the clients' own choice or their own slowness.
+//!
+//! Short of capacity ([`NodeLoad`]): over the last window or the current one, this node's lease
+//! proposals took at least `loaded_proposal_ms` on average (from the request proposing to its
+//! answer: queueing behind the group's entry in flight, replication, commit, apply; each sample
+//! capped at ten times the threshold, so one stray timeout does not make a quiet node busy), or a
+//! request was refused because a group's proposal queue or the node's in-flight bound was full.
+//! While a tenant is refused, half the threshold keeps it refused (hysteresis: refusing lowers
+//! the very load measured). The load is judged when a tenant's window is decided, which happens
+//! at its next renewal sample or acquire or at the gauges' next tick, so at most about a second
+//! after the window ended. Only proposals made on this node as a leader are timed; time spent
+//! forwarding a request from a follower is not (the client library sends to leaders).
 //!
 //! Must not depend on: the groups or the wire (counters only).
 
@@ -157,12 +169,20 @@ pub struct PressureSettings {
     pub late_share_percent: u32,
     /// How long the tenant's acquires are refused after a window under pressure ends, in ms.
     pub hold_ms: u64,
+    /// The node is short of capacity when its lease proposals (from the request proposing to
+    /// the answer: queueing, replication, commit and apply) took at least this long on average
+    /// over the last window, in milliseconds; only then do late renewals refuse acquires. 0:
+    /// always (late renewals alone refuse).
+    pub loaded_proposal_ms: u32,
 }
+
+/// Default of [`PressureSettings::loaded_proposal_ms`].
+pub const LOADED_PROPOSAL_MS_DEFAULT: u32 = 10;
 
 impl PressureSettings {
     /// The defaults with this late threshold: one-second windows, a window under pressure when
-    /// at least 4 of its renewals, and at least 5% of them, were late; acquires refused for 2
-    /// seconds after it.
+    /// at least 4 of its renewals, and at least 5% of them, were late while the node's lease
+    /// proposals took 10 ms or more on average; acquires refused for 2 seconds after it.
     pub fn with_late_remaining_percent(late_remaining_percent: u32) -> Self {
         PressureSettings {
             late_remaining_percent,
@@ -170,6 +190,86 @@ impl PressureSettings {
             late_min: 4,
             late_share_percent: 5,
             hold_ms: 2_000,
+            loaded_proposal_ms: LOADED_PROPOSAL_MS_DEFAULT,
+        }
+    }
+
+    /// These settings with another load threshold.
+    pub fn with_loaded_proposal_ms(self, loaded_proposal_ms: u32) -> Self {
+        PressureSettings {
+            loaded_proposal_ms,
+            ..self
+        }
+    }
+
+    /// Whether a node under `load` is short of capacity; `refusing`: the tenant concerned is
+    /// refused now (then half the threshold suffices).
+    pub fn short_of_capacity(&self, load: NodeLoad, refusing: bool) -> bool {
+        let threshold_us = u64::from(self.loaded_proposal_ms).saturating_mul(1_000);
+        let threshold_us = if refusing {
+            threshold_us / 2
+        } else {
+            threshold_us
+        };
+        self.loaded_proposal_ms == 0 || load.saturated || load.proposal_mean_us >= threshold_us
+    }
+}
+
+/// How long this node's lease proposals take, per window: the load signal.
+#[derive(Debug, Default)]
+struct ProposalLoad {
+    started_ms: u64,
+    duration_us_sum: u64,
+    proposals: u64,
+    /// A request was refused in this window because a queue or bound was full.
+    saturated: bool,
+    /// The last window that ended (zero when it saw nothing, or ended more than a window ago).
+    previous: NodeLoad,
+}
+
+/// How loaded the node is: over the last window and the current one so far, the higher.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct NodeLoad {
+    /// Mean time a lease proposal took to be answered, in microseconds (each sample capped).
+    pub proposal_mean_us: u64,
+    /// A request was refused because a group's proposal queue or the node's in-flight bound was
+    /// full.
+    pub saturated: bool,
+}
+
+impl ProposalLoad {
+    fn current(&self) -> NodeLoad {
+        NodeLoad {
+            proposal_mean_us: self
+                .duration_us_sum
+                .checked_div(self.proposals)
+                .unwrap_or(0),
+            saturated: self.saturated,
+        }
+    }
+
+    fn roll(&mut self, now_ms: u64, window_ms: u64) {
+        let elapsed_ms = now_ms.saturating_sub(self.started_ms);
+        if elapsed_ms < window_ms {
+            return;
+        }
+        self.previous = if elapsed_ms >= window_ms.saturating_mul(2) {
+            // The window after this one saw nothing: what this one saw is out of date.
+            NodeLoad::default()
+        } else {
+            self.current()
+        };
+        self.started_ms = now_ms;
+        self.duration_us_sum = 0;
+        self.proposals = 0;
+        self.saturated = false;
+    }
+
+    fn load(&self) -> NodeLoad {
+        let current = self.current();
+        NodeLoad {
+            proposal_mean_us: self.previous.proposal_mean_us.max(current.proposal_mean_us),
+            saturated: self.previous.saturated || current.saturated,
         }
     }
 }
@@ -189,14 +289,17 @@ struct TenantWindow {
 }
 
 impl TenantWindow {
-    /// Closes the window when its time is up (deciding on it whole) and starts the next.
-    fn roll(&mut self, now_ms: u64, settings: &PressureSettings) {
+    /// Closes the window when its time is up (deciding on it whole, with `load` the node's load
+    /// now) and starts the next.
+    fn roll(&mut self, now_ms: u64, settings: &PressureSettings, load: NodeLoad) {
         if now_ms.saturating_sub(self.started_ms) < settings.window_ms {
             return;
         }
         let share_met = u64::from(self.late) * 100
             >= u64::from(self.seen) * u64::from(settings.late_share_percent);
-        if self.late >= settings.late_min && share_met {
+        let refusing = now_ms < self.refuse_until_ms;
+        if settings.short_of_capacity(load, refusing) && self.late >= settings.late_min && share_met
+        {
             let until = self
                 .started_ms
                 .saturating_add(settings.window_ms)
@@ -226,6 +329,8 @@ impl TenantWindow {
 pub struct RenewalPressure {
     settings: PressureSettings,
     tenants: Mutex<HashMap<String, TenantWindow>>,
+    /// Never locked while `tenants` is held.
+    load: Mutex<ProposalLoad>,
 }
 
 /// What one renewal looked like when it reached the leader.
@@ -243,7 +348,50 @@ impl RenewalPressure {
         RenewalPressure {
             settings,
             tenants: Mutex::new(HashMap::new()),
+            load: Mutex::new(ProposalLoad::default()),
         }
+    }
+
+    fn lock_load(&self) -> std::sync::MutexGuard<'_, ProposalLoad> {
+        self.load
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counts one lease proposal of this node, answered after `duration_us`, at monotonic time
+    /// `now_ms` (capped at ten times the threshold).
+    pub fn record_proposal(&self, now_ms: u64, duration_us: u64) {
+        if !self.enabled() {
+            return;
+        }
+        let cap_us = u64::from(self.settings.loaded_proposal_ms).saturating_mul(10_000);
+        let duration_us = if cap_us > 0 {
+            duration_us.min(cap_us)
+        } else {
+            duration_us
+        };
+        let mut load = self.lock_load();
+        load.roll(now_ms, self.settings.window_ms);
+        load.duration_us_sum = load.duration_us_sum.saturating_add(duration_us);
+        load.proposals = load.proposals.saturating_add(1);
+    }
+
+    /// Counts a request refused at `now_ms` because a group's proposal queue or the node's
+    /// in-flight bound was full: the node is short of capacity for this window and the next.
+    pub fn record_saturated(&self, now_ms: u64) {
+        if !self.enabled() {
+            return;
+        }
+        let mut load = self.lock_load();
+        load.roll(now_ms, self.settings.window_ms);
+        load.saturated = true;
+    }
+
+    /// The node's load at `now_ms`: the higher of the last window's and the current one's.
+    pub fn node_load(&self, now_ms: u64) -> NodeLoad {
+        let mut load = self.lock_load();
+        load.roll(now_ms, self.settings.window_ms);
+        load.load()
     }
 
     /// Whether the mechanism is on.
@@ -273,6 +421,7 @@ impl RenewalPressure {
             return;
         }
         let settings = self.settings;
+        let load = self.node_load(now_ms);
         let mut tenants = self.lock();
         if !tenants.contains_key(tenant) {
             if tenants.len() >= TENANTS_TRACKED_MAX {
@@ -292,7 +441,7 @@ impl RenewalPressure {
         let Some(window) = tenants.get_mut(tenant) else {
             return;
         };
-        window.roll(now_ms, &settings);
+        window.roll(now_ms, &settings, load);
         window.seen = window.seen.saturating_add(1);
         if timing == RenewalTiming::Late {
             window.late = window.late.saturating_add(1);
@@ -302,10 +451,11 @@ impl RenewalPressure {
     /// Tenants whose new acquires are refused at monotonic time `now_ms`.
     pub fn tenants_under_pressure(&self, now_ms: u64) -> usize {
         let settings = self.settings;
+        let load = self.node_load(now_ms);
         let mut tenants = self.lock();
         let mut refused = 0;
         for window in tenants.values_mut() {
-            window.roll(now_ms, &settings);
+            window.roll(now_ms, &settings, load);
             if now_ms < window.refuse_until_ms {
                 refused += 1;
             }
@@ -320,12 +470,13 @@ impl RenewalPressure {
             return Ok(());
         }
         let settings = self.settings;
+        let load = self.node_load(now_ms);
         let until = {
             let mut tenants = self.lock();
             let Some(window) = tenants.get_mut(tenant) else {
                 return Ok(());
             };
-            window.roll(now_ms, &settings);
+            window.roll(now_ms, &settings, load);
             window.refuse_until_ms
         };
         if now_ms >= until {
@@ -335,7 +486,8 @@ impl RenewalPressure {
             ErrorCode::Overloaded,
             format!(
                 "renewals of tenant {tenant:?}'s leases reach this node late (under {}% of their \
-                 ttl left): its new acquires wait so that its held leases are kept",
+                 ttl left) while it is short of capacity: its new acquires wait so that its held \
+                 leases are kept",
                 settings.late_remaining_percent
             ),
         );
@@ -353,7 +505,15 @@ mod tests {
 
     #[test]
     fn late_renewals_refuse_the_tenants_acquires_for_a_while() {
-        let pressure = RenewalPressure::new(PressureSettings::with_late_remaining_percent(50));
+        // Load threshold 0: late renewals alone refuse (the gate has its own test below).
+        let pressure = RenewalPressure::new(
+            PressureSettings::with_late_remaining_percent(50).with_loaded_proposal_ms(0),
+        );
+        assert!(
+            pressure
+                .settings
+                .short_of_capacity(pressure.node_load(0), false)
+        );
         assert_eq!(pressure.timing(20_000, 30_000), RenewalTiming::OnTime);
         assert_eq!(pressure.timing(15_000, 30_000), RenewalTiming::OnTime);
         assert_eq!(pressure.timing(14_999, 30_000), RenewalTiming::Late);
@@ -389,6 +549,68 @@ mod tests {
         pressure.admit_acquire("a", 5_049).unwrap_err();
         pressure.admit_acquire("a", 5_050).unwrap();
         assert_eq!(pressure.tenants_under_pressure(5_050), 0);
+    }
+
+    #[test]
+    fn late_renewals_refuse_acquires_only_while_the_node_is_short_of_capacity() {
+        let pressure = RenewalPressure::new(PressureSettings::with_late_remaining_percent(50));
+        let settings = pressure.settings;
+        assert_eq!(settings.loaded_proposal_ms, LOADED_PROPOSAL_MS_DEFAULT);
+        let threshold_us = u64::from(LOADED_PROPOSAL_MS_DEFAULT) * 1_000;
+        let loaded = |now_ms| settings.short_of_capacity(pressure.node_load(now_ms), false);
+        // Window [1000, 2000): every sampled renewal late, but proposals answered in 1 ms: the
+        // node has capacity to spare, refusing would free nothing.
+        for i in 0..10 {
+            pressure.record_proposal(1_000 + i, 1_000);
+            pressure.record("a", 1_000 + i, RenewalTiming::Late);
+        }
+        assert!(!loaded(1_500));
+        pressure.admit_acquire("a", 2_050).unwrap();
+        assert_eq!(pressure.tenants_under_pressure(2_050), 0);
+        assert_eq!(pressure.node_load(2_050).proposal_mean_us, 1_000);
+        // Window [2050, 3050): the same late renewals while proposals take 3x the threshold.
+        for i in 0..10 {
+            pressure.record_proposal(2_100 + i, 3 * threshold_us);
+            pressure.record("a", 2_200 + i, RenewalTiming::Late);
+        }
+        // The current window counts before it ends.
+        assert!(loaded(2_500));
+        let refused = pressure.admit_acquire("a", 3_100).unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Overloaded);
+        assert_eq!(refused.retry_after_ms, Some(1_950));
+        // Hysteresis: while refused, 60% of the threshold keeps the next late window refusing
+        // (refusing lowers the load measured); a node that is not refusing needs all of it.
+        for i in 0..10 {
+            pressure.record_proposal(3_200 + i, threshold_us * 6 / 10);
+            pressure.record("a", 3_300 + i, RenewalTiming::Late);
+        }
+        assert!(!loaded(4_150));
+        assert!(settings.short_of_capacity(pressure.node_load(4_150), true));
+        // Window [3100, 4100) decided: refused until 2 s after it.
+        let refused = pressure.admit_acquire("a", 4_150).unwrap_err();
+        assert_eq!(refused.retry_after_ms, Some(1_950));
+        // A slow window long past says nothing about now.
+        assert_eq!(pressure.node_load(10_000), NodeLoad::default());
+        assert!(!loaded(10_000));
+        // The threshold is inclusive.
+        pressure.record_proposal(10_100, threshold_us);
+        assert!(loaded(10_200));
+        // One stray timeout among many quick proposals does not make the node busy: samples
+        // are capped at ten times the threshold.
+        pressure.record_proposal(20_000, 5_000_000);
+        for i in 0..99 {
+            pressure.record_proposal(20_001 + i, 500);
+        }
+        assert_eq!(
+            pressure.node_load(20_500).proposal_mean_us,
+            (10 * threshold_us + 99 * 500) / 100
+        );
+        assert!(!loaded(20_500));
+        // A full queue or in-flight bound: short of capacity, whatever the proposals took.
+        pressure.record_saturated(30_000);
+        assert!(loaded(30_500));
+        assert!(loaded(31_500));
+        assert!(!loaded(33_000));
     }
 
     #[test]

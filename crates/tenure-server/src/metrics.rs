@@ -80,11 +80,18 @@ pub const FSYNC_SECONDS_TOTAL: &str = "tenure_fsync_seconds_total";
 pub const RENEWALS_LATE_TOTAL: &str = "tenure_renewals_late_total";
 /// Renewals sampled for lateness (the denominator of `RENEWALS_LATE_TOTAL`).
 pub const RENEWALS_SAMPLED_TOTAL: &str = "tenure_renewals_sampled_total";
-/// New acquires refused with OVERLOADED because their tenant's renewals were arriving late.
+/// New acquires refused with OVERLOADED because their tenant's renewals were arriving late
+/// while the node was short of capacity.
 pub const ACQUIRES_REFUSED_RENEWAL_PRESSURE_TOTAL: &str =
     "tenure_acquires_refused_renewal_pressure_total";
-/// Tenants whose new acquires this node refuses now because their renewals arrive late.
+/// Tenants whose new acquires this node refuses now because their renewals arrive late (while it
+/// is short of capacity).
 pub const RENEWAL_PRESSURE_TENANTS: &str = "tenure_renewal_pressure_tenants";
+/// Mean time this node's lease proposals took to be answered (each sample capped at ten times
+/// `late_renewal_loaded_proposal_ms`), the higher of the last one-second window's and the current
+/// one's so far: the load signal that lets late renewals refuse acquires, in seconds. 0 with the
+/// renewal pressure off.
+pub const LEASE_PROPOSAL_MEAN_SECONDS: &str = "tenure_lease_proposal_mean_seconds";
 /// Groups whose leader this node does not know.
 pub const GROUPS_WITHOUT_LEADER: &str = "tenure_groups_without_leader";
 /// Leader changes of hosted groups seen by this node (a new leader, or none).
@@ -178,6 +185,7 @@ pub const GAUGES: &[&str] = &[
     DATA_DIR_TOTAL_BYTES,
     NODE_READY,
     RENEWAL_PRESSURE_TENANTS,
+    LEASE_PROPOSAL_MEAN_SECONDS,
     REPLICA_MOVES_INFLIGHT,
     GROUPS_UNDER_REPLICATED,
 ];

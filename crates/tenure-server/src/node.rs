@@ -584,9 +584,12 @@ fn shared_state(
             tenant_max: config.limits.tenant_inflight_requests_max,
             acquire_percent: config.limits.acquire_inflight_percent,
         }),
-        renewal_pressure: RenewalPressure::new(PressureSettings::with_late_remaining_percent(
-            config.limits.late_renewal_remaining_percent,
-        )),
+        renewal_pressure: RenewalPressure::new(
+            PressureSettings::with_late_remaining_percent(
+                config.limits.late_renewal_remaining_percent,
+            )
+            .with_loaded_proposal_ms(config.limits.late_renewal_loaded_proposal_ms),
+        ),
         clock,
         fault_controls,
         cluster: std::sync::RwLock::new(Arc::default()),

@@ -3,7 +3,8 @@
 //! or the request (HTTP) and decoded it; here, in order: the tenant check (a principal touches
 //! only its own tenant), validation, admission (in-flight bounds per node and tenant), routing to
 //! the key's group, then either, when this node is the group's ready leader, renewal pressure
-//! (late renewals sampled; new acquires refused while they arrive late) and the local proposal or
+//! (late renewals sampled; new acquires refused while they arrive late and the node is short of
+//! capacity; each proposal timed for that) and the local proposal or
 //! read, or forwarding to the leader (or `NOT_LEADER` with the leader's address); and the answer
 //! with its metrics.
 //!
@@ -382,7 +383,15 @@ impl NodeShared {
         } else {
             RequestClass::Other
         };
-        let _admitted = self.admission.admit(&tenant, class)?;
+        let _admitted = self
+            .admission
+            .admit(&tenant, class)
+            .inspect_err(|refused| {
+                if refused.code == ErrorCode::Overloaded {
+                    // The node's in-flight bound is full: short of capacity.
+                    self.renewal_pressure.record_saturated(self.clock.now_ms());
+                }
+            })?;
         let mut ops = ops;
         if let Some(handle) = self.group(group) {
             if handle.await_ready_leader(ready_wait(&ctx)).await {
@@ -390,7 +399,10 @@ impl NodeShared {
                 // The proposal consumes the operations; keep a copy only when a lost leadership
                 // may still be answered by forwarding them.
                 let fallback = ctx.flags.forward.then(|| ops.clone());
-                match handle.propose(ops, ctx.timeout).await {
+                let proposed = Instant::now();
+                let proposal = handle.propose(ops, ctx.timeout).await;
+                self.weigh_proposal(&proposal, proposed);
+                match proposal {
                     Ok(outcomes) => return lease_body(group, outcomes, batch),
                     Err(error) if error.code == ErrorCode::NotLeader => match fallback {
                         Some(copy) => ops = copy,
@@ -411,7 +423,29 @@ impl NodeShared {
         self.forward_or_refuse(group, &ctx, body).await
     }
 
-    /// As the group's leader: refuses a new acquire of a tenant whose renewals arrive late, and
+    /// Feeds the renewal pressure's load signal with one proposal's outcome: how long an
+    /// answered (or timed-out) proposal took, or that the group's proposal queue was full.
+    /// Refusals that proposed nothing (`NOT_LEADER`, a batch too large) say nothing about load.
+    fn weigh_proposal(&self, proposal: &Result<Vec<LeaseOutcome>, WireError>, proposed: Instant) {
+        if !self.renewal_pressure.enabled() {
+            return;
+        }
+        let now_ms = self.clock.now_ms();
+        match proposal {
+            Ok(_) => {}
+            Err(error) if error.code == ErrorCode::Overloaded => {
+                self.renewal_pressure.record_saturated(now_ms);
+                return;
+            }
+            Err(error) if error.code == ErrorCode::Unavailable => {}
+            Err(_) => return,
+        }
+        let duration_us = u64::try_from(proposed.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.renewal_pressure.record_proposal(now_ms, duration_us);
+    }
+
+    /// As the group's leader: refuses a new acquire of a tenant whose renewals arrive late (and
+    /// the node is short of capacity), and
     /// samples how late the request's first renewal arrives (a client library's batch starts
     /// with its most urgent lease). See [`RenewalPressure`].
     fn weigh_renewal_pressure(

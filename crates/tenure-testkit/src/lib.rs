@@ -61,6 +61,11 @@ use tenure_server::config::{
     TestingConfig, TimingConfig, TlsConfig, TokenConfig,
 };
 use tenure_transport::certs::write_cluster_certificates;
+
+/// The nodes' `[limits]`, for [`ClusterOptions::limits`].
+pub use tenure_server::config::LimitsConfig as NodeLimits;
+/// A node's whole configuration, for [`ClusterOptions::configure`].
+pub use tenure_server::config::ServerConfig as NodeConfig;
 use tenure_transport::tls::node_server_name;
 
 /// The cluster name used by every test cluster (certificates and configuration).

@@ -529,93 +529,178 @@ async fn renewals_of_ten_thousand_leases_are_coalesced() {
     client.close().await;
 }
 
-/// Renewals that reach the leader late (under half their ttl left) make it refuse their
-/// tenant's new acquires with OVERLOADED and a retry hint, while renewals are still served and
-/// other tenants' acquires too; on-time renewals do not, and acquires are served again once the
-/// pressure has passed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn late_renewals_make_the_leader_refuse_new_acquires() {
-    use tenure_core::{LeaseReply, RenewRequest};
-    use tenure_proto::client::{Principal, RequestBody};
-    // No leader rebalancing: the pressure is the leader's, and group 0 must keep its leader.
-    let cluster = ProcessCluster::start_ready(ClusterOptions {
-        rebalance_interval_ms: Some(0),
-        ..ClusterOptions::default()
-    })
-    .await;
-    let ids = cluster.ids();
-    let (ttl_min, _) = cluster.ttl_bounds_ms();
-    let ttl_ms = ttl_min.max(3_000);
-    let group = 0;
-    // Twelve leases: the leader samples a renewal only when the group's state is not busy
-    // (being applied to), so a few of the twelve concurrent renewals may go unsampled; at
-    // least four late ones are needed.
-    let resources = cluster.resources_in_group(TENANT, group, "pressure", 14);
-    let client = cluster.client(ids[0]).await;
-    let mut leases = Vec::new();
-    for (i, resource) in resources[..12].iter().enumerate() {
-        let result = client
-            .acquire(TENANT, resource, "holder", ttl_ms, &format!("acquire-{i}"))
+/// Twelve leases in group 0 of a 3-node cluster whose nodes use `limits`, renewed together by
+/// one client: the setting of the renewal-pressure tests.
+struct LateRenewals {
+    cluster: ProcessCluster,
+    ids: Vec<u64>,
+    client: tenure_testkit::TestClient,
+    ttl_ms: u64,
+    group: u32,
+    resources: Vec<String>,
+    leases: Vec<(String, tenure_core::LeaseId)>,
+}
+
+impl LateRenewals {
+    /// `fault_control`: the nodes accept `/testing/faults` (a slow disk on demand).
+    async fn start(limits: common::NodeLimits, fault_control: bool) -> Self {
+        fn with_fault_control(_: u64, config: &mut common::NodeConfig) {
+            config.testing.fault_control = true;
+        }
+        // No leader rebalancing: the pressure is the leader's, and group 0 must keep its leader.
+        let cluster = ProcessCluster::start_ready(ClusterOptions {
+            rebalance_interval_ms: Some(0),
+            limits: Some(limits),
+            configure: fault_control.then_some(with_fault_control as fn(u64, &mut _)),
+            ..ClusterOptions::default()
+        })
+        .await;
+        let ids = cluster.ids();
+        let (ttl_min, _) = cluster.ttl_bounds_ms();
+        let ttl_ms = ttl_min.max(3_000);
+        let group = 0;
+        // Twelve leases: the leader samples a renewal only when the group's state is not busy
+        // (being applied to), so a few of the twelve concurrent renewals may go unsampled; at
+        // least four late ones are needed.
+        let resources = cluster.resources_in_group(TENANT, group, "pressure", 14);
+        let client = cluster.client(ids[0]).await;
+        let mut leases = Vec::new();
+        for (i, resource) in resources[..12].iter().enumerate() {
+            let result = client
+                .acquire(TENANT, resource, "holder", ttl_ms, &format!("acquire-{i}"))
+                .await
+                .unwrap();
+            let tenure_core::LeaseReply::Acquired(grant) = result.reply else {
+                panic!("expected a grant, got {:?}", result.reply);
+            };
+            leases.push((resource.clone(), grant.lease_id));
+        }
+        LateRenewals {
+            cluster,
+            ids,
+            client,
+            ttl_ms,
+            group,
+            resources,
+            leases,
+        }
+    }
+
+    /// The twelve renewals in one frame (they reach the leader within one window); returns
+    /// when they were answered.
+    async fn renew_all(&self, round: &str) -> Instant {
+        use tenure_core::RenewRequest;
+        use tenure_proto::client::RequestBody;
+        let requests = self
+            .leases
+            .iter()
+            .enumerate()
+            .map(|(i, (resource, lease_id))| {
+                let body = RequestBody::Lease(tenure_core::LeaseOp::Renew(RenewRequest {
+                    key: ResourceKey::new(TENANT, resource.as_str()),
+                    lease_id: *lease_id,
+                    holder_id: "holder".to_string(),
+                    ttl_ms: self.ttl_ms,
+                    request_id: format!("{round}-{i}"),
+                }));
+                (body, common::forward())
+            })
+            .collect();
+        let answers = self.client.call_many(requests).await.unwrap();
+        for (i, answer) in answers.into_iter().enumerate() {
+            let result = common::lease_result(answer)
+                .unwrap_or_else(|error| panic!("{round} renewal {i}: {error:?}"));
+            assert!(
+                matches!(result.reply, tenure_core::LeaseReply::Renewed(_)),
+                "{round} renewal {i}"
+            );
+        }
+        Instant::now()
+    }
+
+    /// Renews on time (an acquire is served), then late (60% of the ttl passed, under half
+    /// left), and returns once the late window has ended (a window is decided whole when it
+    /// ends, one second after its first renewal).
+    async fn on_time_then_late(&self) {
+        let renewed_at = self.renew_all("on-time").await;
+        self.client
+            .acquire(
+                TENANT,
+                &self.resources[12],
+                "holder",
+                self.ttl_ms,
+                "acquire-on-time",
+            )
             .await
             .unwrap();
-        let LeaseReply::Acquired(grant) = result.reply else {
-            panic!("expected a grant, got {:?}", result.reply);
-        };
-        leases.push((resource.clone(), grant.lease_id));
-    }
-    // The twelve renewals in one frame: they reach the leader within one window.
-    let renew_all = |round: &'static str| {
-        let client = &client;
-        let leases = &leases;
-        async move {
-            let requests = leases
-                .iter()
-                .enumerate()
-                .map(|(i, (resource, lease_id))| {
-                    let body = RequestBody::Lease(tenure_core::LeaseOp::Renew(RenewRequest {
-                        key: ResourceKey::new(TENANT, resource.as_str()),
-                        lease_id: *lease_id,
-                        holder_id: "holder".to_string(),
-                        ttl_ms,
-                        request_id: format!("{round}-{i}"),
-                    }));
-                    (body, common::forward())
-                })
-                .collect();
-            let answers = client.call_many(requests).await.unwrap();
-            for (i, answer) in answers.into_iter().enumerate() {
-                let result = common::lease_result(answer)
-                    .unwrap_or_else(|error| panic!("{round} renewal {i}: {error:?}"));
-                assert!(
-                    matches!(result.reply, LeaseReply::Renewed(_)),
-                    "{round} renewal {i}"
-                );
-            }
-            Instant::now()
-        }
-    };
-    // On time (nearly the whole ttl left): no pressure, acquires are served.
-    let renewed_at = renew_all("on-time").await;
-    client
-        .acquire(TENANT, &resources[12], "holder", ttl_ms, "acquire-on-time")
+        let late_after = Duration::from_millis(self.ttl_ms * 3 / 5);
+        wait_for(late_after * 2, "60% of the ttl to pass", || async {
+            (renewed_at.elapsed() >= late_after).then_some(())
+        })
         .await
         .unwrap();
-    // Late: renewed when 60% of the ttl has passed since (less than half is left).
-    let late_after = Duration::from_millis(ttl_ms * 3 / 5);
-    wait_for(late_after * 2, "60% of the ttl to pass", || async {
-        (renewed_at.elapsed() >= late_after).then_some(())
-    })
-    .await
-    .unwrap();
-    let late_at = renew_all("late").await;
-    // A window is decided whole when it ends (one second after its first renewal).
-    wait_for(Duration::from_secs(3), "the late window to end", || async {
-        (late_at.elapsed() >= Duration::from_millis(1_100)).then_some(())
-    })
-    .await
-    .unwrap();
-    let refused = client
-        .acquire(TENANT, &resources[13], "holder", ttl_ms, "acquire-late")
+        let late_at = self.renew_all("late").await;
+        wait_for(Duration::from_secs(3), "the late window to end", || async {
+            (late_at.elapsed() >= Duration::from_millis(1_100)).then_some(())
+        })
+        .await
+        .unwrap();
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        metric_sum(&self.cluster, &self.ids, name).await
+    }
+
+    /// Adds `delay_ms` to every WAL sync of every node (a slow disk: every commit slower).
+    async fn slow_disks(&self, delay_ms: u64) {
+        for &id in &self.ids {
+            let url = format!("{}/testing/faults", self.cluster.http_url(id));
+            let body = format!("{{\"wal_sync_delay_ms\": {delay_ms}}}").into_bytes();
+            let (status, _, reply) = http_request(
+                "POST",
+                &url,
+                // `/testing/*` needs a caller; test clusters run in insecure development mode.
+                &[
+                    ("content-type", "application/json"),
+                    ("x-tenure-principal-id", "tests"),
+                    ("x-tenure-principal-tenant", TENANT),
+                ],
+                Some(body),
+            )
+            .await
+            .unwrap();
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&reply));
+        }
+    }
+}
+
+/// Renewals that reach a busy leader late (under half their ttl left) make it refuse their
+/// tenant's new acquires with OVERLOADED and a retry hint, while renewals are still served and
+/// other tenants' acquires too; on-time renewals do not, and acquires are served again once the
+/// pressure has passed. Busy: every WAL sync 40 ms slower, so the leader's lease proposals take
+/// more than the default `late_renewal_loaded_proposal_ms` (10 ms), as its own measurement says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_renewals_make_a_busy_leader_refuse_new_acquires() {
+    use tenure_proto::client::Principal;
+    let setting = LateRenewals::start(common::NodeLimits::default(), true).await;
+    let (client, ttl_ms) = (&setting.client, setting.ttl_ms);
+    setting.slow_disks(40).await;
+    setting.on_time_then_late().await;
+    let proposal_mean_s = setting.metric("tenure_lease_proposal_mean_seconds").await;
+    assert!(
+        proposal_mean_s >= 0.010,
+        "proposals took {proposal_mean_s} s on average (summed over the nodes)"
+    );
+    let acquire_late = || {
+        client.acquire(
+            TENANT,
+            &setting.resources[13],
+            "holder",
+            ttl_ms,
+            "acquire-late",
+        )
+    };
+    let refused = acquire_late()
         .await
         .expect_err("a new acquire is refused while the tenant's renewals arrive late");
     let refused_at = Instant::now();
@@ -627,36 +712,33 @@ async fn late_renewals_make_the_leader_refuse_new_acquires() {
         "retry after {retry_after_ms} ms"
     );
     // Renewals are still served meanwhile, and another tenant's acquires.
-    renew_all("under-pressure").await;
-    let mut other = cluster.client(ids[0]).await;
+    setting.renew_all("under-pressure").await;
+    let mut other = setting.cluster.client(setting.ids[0]).await;
     other.principal = Some(Principal {
         principal_id: "tests".to_string(),
         tenant_id: "other-tenant".to_string(),
     });
-    let other_resource = cluster.resource_in_group("other-tenant", group, "pressure", 0);
+    let other_resource =
+        setting
+            .cluster
+            .resource_in_group("other-tenant", setting.group, "pressure", 0);
     other
         .acquire("other-tenant", &other_resource, "holder", ttl_ms, "other")
         .await
         .unwrap();
-    let late = metric_sum(&cluster, &ids, "tenure_renewals_late_total").await;
-    let sampled = metric_sum(&cluster, &ids, "tenure_renewals_sampled_total").await;
+    let late = setting.metric("tenure_renewals_late_total").await;
+    let sampled = setting.metric("tenure_renewals_sampled_total").await;
     assert!(late >= 4.0, "{late} late renewals");
     assert!(sampled > late, "{sampled} sampled, {late} late");
     assert!(
-        metric_sum(
-            &cluster,
-            &ids,
-            "tenure_acquires_refused_renewal_pressure_total"
-        )
-        .await
+        setting
+            .metric("tenure_acquires_refused_renewal_pressure_total")
+            .await
             >= 1.0
     );
     // The pressure passes (renewals on time again): the same acquire is served.
     wait_for(Duration::from_secs(10), "acquires served again", || async {
-        client
-            .acquire(TENANT, &resources[13], "holder", ttl_ms, "acquire-late")
-            .await
-            .ok()
+        acquire_late().await.ok()
     })
     .await
     .unwrap();
@@ -665,5 +747,56 @@ async fn late_renewals_make_the_leader_refuse_new_acquires() {
         refused_at.elapsed().as_millis()
     );
     other.close().await;
-    client.close().await;
+    setting.client.close().await;
+}
+
+/// The same late renewals on a leader with capacity to spare refuse nothing: late renewals
+/// there are the client's own doing, and refusing its acquires would free nothing. "Capacity to
+/// spare" by setting, so that the test does not depend on this machine's disk: the threshold is
+/// 1 s, far above what the leader measures (which must be measured: the gauge is above zero).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_renewals_on_an_idle_leader_refuse_nothing() {
+    let setting = LateRenewals::start(
+        common::NodeLimits {
+            late_renewal_loaded_proposal_ms: 1_000,
+            ..common::NodeLimits::default()
+        },
+        false,
+    )
+    .await;
+    setting.on_time_then_late().await;
+    setting
+        .client
+        .acquire(
+            TENANT,
+            &setting.resources[13],
+            "holder",
+            setting.ttl_ms,
+            "acquire-late",
+        )
+        .await
+        .expect("an idle leader serves the acquire despite the late renewals");
+    let late = setting.metric("tenure_renewals_late_total").await;
+    let refused = setting
+        .metric("tenure_acquires_refused_renewal_pressure_total")
+        .await;
+    assert!(late >= 4.0, "{late} late renewals");
+    assert_eq!(refused, 0.0);
+    // The leader did measure its proposals (the gauge covers the last second or two: renew
+    // again until a gauge tick has seen some).
+    let round = std::sync::atomic::AtomicU32::new(0);
+    let proposal_mean_s = wait_for(Duration::from_secs(10), "proposals measured", || async {
+        let n = round.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        setting.renew_all(&format!("measured-{n}")).await;
+        let mean = setting.metric("tenure_lease_proposal_mean_seconds").await;
+        (mean > 0.0).then_some(mean)
+    })
+    .await
+    .unwrap();
+    assert!(proposal_mean_s < 1.0, "{proposal_mean_s} s");
+    println!(
+        "renewal pressure on an idle leader: {late} renewals sampled late, 0 acquires refused, proposals {:.1} ms on average (summed over the nodes)",
+        proposal_mean_s * 1e3
+    );
+    setting.client.close().await;
 }

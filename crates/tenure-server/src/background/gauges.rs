@@ -68,6 +68,11 @@ pub(crate) async fn run_gauges(shared: Arc<NodeShared>) {
             .renewal_pressure
             .tenants_under_pressure(shared.clock.now_ms());
         ::metrics::gauge!(m::RENEWAL_PRESSURE_TENANTS).set(pressured as f64);
+        let proposal_mean_us = shared
+            .renewal_pressure
+            .node_load(shared.clock.now_ms())
+            .proposal_mean_us;
+        ::metrics::gauge!(m::LEASE_PROPOSAL_MEAN_SECONDS).set(proposal_mean_us as f64 / 1e6);
         let storage = shared.storage.stats();
         ::metrics::counter!(m::FSYNCS_TOTAL).absolute(storage.fsyncs);
         ::metrics::gauge!(m::FSYNC_SECONDS_TOTAL).set(storage.fsync_micros as f64 / 1e6);
