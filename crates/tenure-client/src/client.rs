@@ -27,8 +27,8 @@ use tenure_core::{
     TransferRequest,
 };
 use tenure_proto::client::{
-    GetResult, GroupMembers, LeaseResult, NodeStatus, Principal, Request, RequestBody,
-    RequestFlags, ResponseBody, RoutingTable, WireError,
+    FenceCheckResult, GetResult, GroupMembers, LeaseResult, NodeStatus, Principal, Request,
+    RequestBody, RequestFlags, ResponseBody, RoutingTable, WireError,
 };
 use tokio::sync::mpsc;
 use tracing::debug;
@@ -412,6 +412,28 @@ impl Client {
             ResponseBody::Get(result) => Ok(result),
             _ => Err(ClientError::Protocol(
                 "Get answered with another kind".into(),
+            )),
+        }
+    }
+
+    /// Whether `fencing_token` is the resource's current active grant, answered linearizably by
+    /// the group's leader (Chubby's CheckSequencer): for a downstream system that cannot store
+    /// tokens, which asks before accepting a holder's write and refuses it unless
+    /// [`FenceVerdict::current`](tenure_core::FenceVerdict::current). Never answered from a
+    /// follower's state.
+    pub async fn check_fence(
+        &self,
+        key: &ResourceKey,
+        fencing_token: u64,
+    ) -> Result<FenceCheckResult, ClientError> {
+        let body = RequestBody::CheckFence {
+            key: key.clone(),
+            fencing_token,
+        };
+        match self.keyed_call(key, body).await? {
+            ResponseBody::FenceChecked(result) => Ok(result),
+            _ => Err(ClientError::Protocol(
+                "CheckFence answered with another kind".into(),
             )),
         }
     }
@@ -928,21 +950,28 @@ impl Client {
         link.call(request, deadline).await
     }
 
+    /// A request about `key`, sent to its group's leader with the default flags.
+    async fn keyed_call(
+        &self,
+        key: &ResourceKey,
+        body: RequestBody,
+    ) -> Result<ResponseBody, ClientError> {
+        let group = self.group_of(key).await?;
+        self.call(
+            Some(group),
+            body,
+            RequestFlags::default(),
+            Some(&key.tenant_id),
+        )
+        .await
+    }
+
     async fn lease_call(
         &self,
         key: &ResourceKey,
         body: RequestBody,
     ) -> Result<LeaseResult, ClientError> {
-        let group = self.group_of(key).await?;
-        match self
-            .call(
-                Some(group),
-                body,
-                RequestFlags::default(),
-                Some(&key.tenant_id),
-            )
-            .await?
-        {
+        match self.keyed_call(key, body).await? {
             ResponseBody::Lease(result) => Ok(result),
             _ => Err(ClientError::Protocol(
                 "a lease operation answered with another kind".into(),

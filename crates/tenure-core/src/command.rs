@@ -523,6 +523,47 @@ pub struct LeaseView {
     pub version: u64,
 }
 
+/// Whether a fencing token is its resource's current active grant (Chubby's CheckSequencer):
+/// what a downstream system that cannot store tokens asks before accepting a holder's write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceVerdict {
+    /// True when the token is the fencing token of the resource's lease and that lease is active
+    /// with time left: its holder may still act. False for an older token (superseded), a token
+    /// the resource never had, an expired or released lease, and a resource without a lease.
+    pub current: bool,
+    /// The status of the resource's latest lease (`Absent` when it has none).
+    pub status: LeaseStatus,
+    /// The fencing token of the resource's latest lease, whatever its status (`None` when it has
+    /// none). A token below it is superseded for good: tokens only grow.
+    pub latest_fencing_token: Option<u64>,
+    /// Milliseconds the lease has left while `current`, else zero.
+    pub remaining_ttl_ms: u64,
+}
+
+impl FenceVerdict {
+    /// The verdict on `fencing_token` given the resource's lease as a linearizable Get sees it
+    /// (`None`: no lease record). Pure: the caller reads `view` at the moment it answers for.
+    pub fn of(view: Option<&LeaseView>, fencing_token: u64) -> Self {
+        let Some(view) = view else {
+            return FenceVerdict {
+                current: false,
+                status: LeaseStatus::Absent,
+                latest_fencing_token: None,
+                remaining_ttl_ms: 0,
+            };
+        };
+        let current = view.fencing_token == fencing_token
+            && view.status == LeaseStatus::Active
+            && view.remaining_ttl_ms > 0;
+        FenceVerdict {
+            current,
+            status: view.status,
+            latest_fencing_token: Some(view.fencing_token),
+            remaining_ttl_ms: if current { view.remaining_ttl_ms } else { 0 },
+        }
+    }
+}
+
 /// A List query.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListRequest {

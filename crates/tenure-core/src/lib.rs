@@ -71,10 +71,10 @@ pub use cluster::{
     NodeState,
 };
 pub use command::{
-    AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOpKind,
-    LeaseOpParts, LeaseOutcome, LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest,
-    ReclaimedLease, ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState, ReplayStatus,
-    TransferReceipt, TransferRequest,
+    AcquireRequest, ApplyOutput, Command, CommandResult, Entry, FenceVerdict, LeaseGrant, LeaseOp,
+    LeaseOpKind, LeaseOpParts, LeaseOutcome, LeaseReply, LeaseStatus, LeaseView, ListPage,
+    ListRequest, ReclaimedLease, ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState,
+    ReplayStatus, TransferReceipt, TransferRequest,
 };
 pub use error::{ErrorCode, LeaseError, OverloadReason, QuotaKind};
 pub use ids::{GroupId, LeaseId, ResourceKey};

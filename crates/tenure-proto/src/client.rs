@@ -35,8 +35,8 @@
 
 use serde::{Deserialize, Serialize};
 use tenure_core::{
-    ClusterChange, ClusterError, ClusterMeta, ClusterOp, ErrorCode, LeaseError, LeaseOp,
-    LeaseReply, LeaseView, ListPage, ListRequest, ReplayState, ResourceKey,
+    ClusterChange, ClusterError, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, LeaseError,
+    LeaseOp, LeaseReply, LeaseView, ListPage, ListRequest, ReplayState, ResourceKey,
 };
 
 use crate::peer::ProtoError;
@@ -44,7 +44,7 @@ use crate::peer::ProtoError;
 /// ALPN protocol identifier of the native client protocol: `tenure-client/` and
 /// [`CLIENT_PROTOCOL_VERSION`] (the version is negotiated by the TLS handshake, so a client and a
 /// node of different versions fail to connect instead of misreading each other's frames).
-pub const CLIENT_ALPN: &[u8] = b"tenure-client/5";
+pub const CLIENT_ALPN: &[u8] = b"tenure-client/6";
 
 /// ALPN prefix every version of the client protocol shares.
 pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
@@ -63,7 +63,9 @@ pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
 /// - 5: the cluster's node table: [`RequestBody::ClusterNodes`] and [`RequestBody::ClusterChange`]
 ///   appended, answered by [`ResponseBody::Cluster`] and [`ResponseBody::ClusterChanged`];
 ///   [`RoutingTable::nodes_version`] (the node list's version) appended.
-pub const CLIENT_PROTOCOL_VERSION: u16 = 5;
+/// - 6: the fence check: [`RequestBody::CheckFence`] appended, answered by
+///   [`ResponseBody::FenceChecked`].
+pub const CLIENT_PROTOCOL_VERSION: u16 = 6;
 
 /// The client protocol version an ALPN identifier names: `Ok` only for this build's
 /// [`CLIENT_PROTOCOL_VERSION`]; another version is [`ProtoError::UnsupportedVersion`], an
@@ -242,6 +244,16 @@ pub enum RequestBody {
     /// itself, sent straight to the leader over its own node certificate (whose SHA-256 must be
     /// the one it reports). `Record` and `SetLeaderPreferences`: never over the wire.
     ClusterChange(ClusterOp),
+    /// Whether `fencing_token` is the resource's current active grant (Chubby's
+    /// CheckSequencer), answered linearizably by the group's leader like Get (never from a
+    /// follower's state: [`RequestFlags::stale_read`] is ignored). For a downstream system that
+    /// cannot store tokens: it asks before accepting a holder's write and refuses a zombie.
+    CheckFence {
+        /// The resource.
+        key: ResourceKey,
+        /// The token the writer presents.
+        fencing_token: u64,
+    },
 }
 
 impl RequestBody {
@@ -261,6 +273,7 @@ impl RequestBody {
             RequestBody::DropReplica { .. } => "drop_replica",
             RequestBody::ClusterNodes => "cluster_nodes",
             RequestBody::ClusterChange(_) => "cluster_change",
+            RequestBody::CheckFence { .. } => "check_fence",
         }
     }
 }
@@ -299,6 +312,8 @@ pub enum ResponseBody {
     Cluster(ClusterMeta),
     /// `ClusterChange`'s answer.
     ClusterChanged(ClusterChange),
+    /// `CheckFence`'s answer.
+    FenceChecked(FenceCheckResult),
 }
 
 /// A group's replica set as one replica (the leader, when it is known) sees it.
@@ -402,6 +417,7 @@ impl ResponseBody {
             ResponseBody::Replica(_) => "Replica",
             ResponseBody::Cluster(_) => "Cluster",
             ResponseBody::ClusterChanged(_) => "ClusterChanged",
+            ResponseBody::FenceChecked(_) => "FenceChecked",
         }
     }
 }
@@ -419,6 +435,17 @@ pub struct LeaseResult {
     /// at, the remaining ttl of the original grant, zero once its lease ended). A client computes
     /// its safe window of a replayed grant from this, never from the grant's full ttl.
     pub replay: Option<ReplayState>,
+}
+
+/// CheckFence's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceCheckResult {
+    /// The verdict (`current`: the token's lease is the resource's active lease with time left).
+    pub verdict: FenceVerdict,
+    /// The group's log time the answer was computed at (a linearizable read's).
+    pub log_time_ms: u64,
+    /// The group.
+    pub group_id: u32,
 }
 
 /// Get's answer.

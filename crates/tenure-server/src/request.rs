@@ -14,14 +14,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_core::{ErrorCode, LeaseOp, LeaseOpKind, LeaseOutcome, LeaseStatus, LeaseView};
+use tenure_core::{
+    ErrorCode, FenceVerdict, LeaseOp, LeaseOpKind, LeaseOutcome, LeaseStatus, LeaseView,
+    ResourceKey,
+};
 use tenure_proto::client::{
-    GetResult, GroupLeader, LeaseResult, NodeAddress, NodeStatus, Principal, RequestBody,
-    RequestFlags, ResponseBody, RoutingTable, WireError,
+    FenceCheckResult, GetResult, GroupLeader, LeaseResult, NodeAddress, NodeStatus, Principal,
+    RequestBody, RequestFlags, ResponseBody, RoutingTable, WireError,
 };
 use tokio::time::Instant;
 
-use crate::admission::{RenewalTiming, RequestClass};
+use crate::admission::{Admitted, RenewalTiming, RequestClass};
 use crate::auth::{Authenticator, check_tenant};
 use crate::group::GroupHandle;
 use crate::metrics as m;
@@ -107,6 +110,22 @@ fn clock_remaining_ttl(view: &mut LeaseView, clock_ms: u64) {
     view.remaining_ttl_ms = view
         .remaining_ttl_ms
         .min(view.expires_at_ms.saturating_sub(clock_ms));
+}
+
+/// As the group's ready leader: the resource's lease at a linearizable read's log time (its
+/// remaining ttl counted on the leader's clock, never more than the log time's) and that log
+/// time. Get and CheckFence answer from it.
+async fn linearizable_view(
+    handle: &GroupHandle,
+    key: &ResourceKey,
+    ctx: &RequestContext,
+) -> Result<(Option<LeaseView>, u64), WireError> {
+    let now = handle.linearizable_read_time(ctx.timeout).await?;
+    let mut view = handle.get_at(key, now)?;
+    if let (Some(view), Some(clock_ms)) = (view.as_mut(), handle.log_now_ms()) {
+        clock_remaining_ttl(view, clock_ms);
+    }
+    Ok((view, now))
 }
 
 /// How long a request waits for this node's just-elected leader of its group to become ready
@@ -271,17 +290,10 @@ impl NodeShared {
                 self.lease_ops(ctx, ops, true).await
             }
             RequestBody::Get { key } => {
-                check_tenant(&ctx.principal, &key.tenant_id)?;
-                key.validate().map_err(WireError::from_lease_error)?;
-                let _admitted = self.admission.admit(&key.tenant_id, RequestClass::Other)?;
-                let group = self.placement.group_of(&key.tenant_id, &key.resource_id).0;
+                let (group, _admitted) = self.admit_read(&ctx, &key)?;
                 if let Some(handle) = self.group(group) {
                     if handle.await_ready_leader(ready_wait(&ctx)).await {
-                        let now = handle.linearizable_read_time(ctx.timeout).await?;
-                        let mut view = handle.get_at(&key, now)?;
-                        if let (Some(view), Some(clock_ms)) = (view.as_mut(), handle.log_now_ms()) {
-                            clock_remaining_ttl(view, clock_ms);
-                        }
+                        let (view, now) = linearizable_view(&handle, &key, &ctx).await?;
                         return Ok(ResponseBody::Get(GetResult {
                             view,
                             log_time_ms: now,
@@ -301,6 +313,22 @@ impl NodeShared {
                 }
                 self.forward_or_refuse(group, &ctx, RequestBody::Get { key })
                     .await
+            }
+            RequestBody::CheckFence { key, fencing_token } => {
+                let (group, _admitted) = self.admit_read(&ctx, &key)?;
+                // Never from a follower's state (a stale "current" would let a zombie write).
+                if let Some(handle) = self.group(group) {
+                    if handle.await_ready_leader(ready_wait(&ctx)).await {
+                        let (view, now) = linearizable_view(&handle, &key, &ctx).await?;
+                        return Ok(ResponseBody::FenceChecked(FenceCheckResult {
+                            verdict: FenceVerdict::of(view.as_ref(), fencing_token),
+                            log_time_ms: now,
+                            group_id: group,
+                        }));
+                    }
+                }
+                let body = RequestBody::CheckFence { key, fencing_token };
+                self.forward_or_refuse(group, &ctx, body).await
             }
             RequestBody::List { group_id, request } => {
                 check_tenant(&ctx.principal, &request.tenant_id)?;
@@ -421,6 +449,21 @@ impl NodeShared {
             }
         };
         self.forward_or_refuse(group, &ctx, body).await
+    }
+
+    /// What a read of one resource (Get, CheckFence) starts with: the tenant check, the key's
+    /// validation and admission. Returns the key's group and the admission, held while the read
+    /// runs.
+    fn admit_read(
+        &self,
+        ctx: &RequestContext,
+        key: &ResourceKey,
+    ) -> Result<(u32, Admitted), WireError> {
+        check_tenant(&ctx.principal, &key.tenant_id)?;
+        key.validate().map_err(WireError::from_lease_error)?;
+        let admitted = self.admission.admit(&key.tenant_id, RequestClass::Other)?;
+        let group = self.placement.group_of(&key.tenant_id, &key.resource_id).0;
+        Ok((group, admitted))
     }
 
     /// Feeds the renewal pressure's load signal with one proposal's outcome: how long an

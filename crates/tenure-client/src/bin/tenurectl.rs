@@ -1,5 +1,5 @@
 //! `tenurectl`: the command-line tool of tenure, for people and scripts. It acquires, renews,
-//! releases, transfers, reads and lists leases, and reports the cluster's status (nodes, leaders, lag), all
+//! releases, transfers, reads and lists leases, checks fencing tokens, and reports the cluster's status (nodes, leaders, lag), all
 //! through the `tenure-client` library over the native QUIC protocol.
 //!
 //! Output is aligned text (`-o table`, the default) or exactly one JSON object on stdout
@@ -14,7 +14,7 @@
 //! | 1 | any other error (invalid argument, forbidden, configuration, protocol) |
 //! | 2 | usage error (bad or missing options; clap's own code) |
 //! | 3 | `ALREADY_HELD`: the resource is held by someone else (the error names the holder) |
-//! | 4 | the lease is not held: `LEASE_EXPIRED`, `LEASE_MISMATCH`, `NOT_FOUND` |
+//! | 4 | the lease is not held: `LEASE_EXPIRED`, `LEASE_MISMATCH`, `NOT_FOUND`; `check-fence`: the token is not current (the report is printed in full) |
 //! | 5 | retryable: deadline passed, cluster unreachable, `NOT_LEADER`, `UNAVAILABLE`, `OVERLOADED`, `RATE_LIMITED` |
 //!
 //! `acquire` takes a lease without a handle: nothing renews it after the command exits, so the
@@ -195,6 +195,17 @@ enum Command {
         #[arg(long, value_name = "ID")]
         request_id: Option<String>,
     },
+    /// Whether a fencing token is the resource's current active grant (a linearizable read by
+    /// the group's leader): exit code 0 when it is, 4 when it is not (superseded, expired,
+    /// released, or a resource without a lease). For a downstream system's scripts that check a
+    /// writer's token before accepting its write.
+    CheckFence {
+        #[command(flatten)]
+        resource: ResourceArgs,
+        /// The token to check.
+        #[arg(long, value_name = "TOKEN")]
+        fencing_token: u64,
+    },
     /// Read a resource's lease (ACTIVE, EXPIRED, RELEASED or ABSENT).
     Get {
         #[command(flatten)]
@@ -323,6 +334,9 @@ fn parse_lease_id(text: &str) -> Result<LeaseId, String> {
 struct Report {
     json: Value,
     table: String,
+    /// The exit code of a report printed in full: 0, or 4 for a `check-fence` whose token is
+    /// not current.
+    exit_code: u8,
 }
 
 fn main() -> ExitCode {
@@ -351,7 +365,7 @@ fn main() -> ExitCode {
                 Output::Json => println!("{}", report.json),
                 Output::Table => print!("{}", report.table),
             }
-            ExitCode::SUCCESS
+            ExitCode::from(report.exit_code)
         }
         Err(error) => report_error(&error, output),
     }
@@ -513,6 +527,29 @@ async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
             ));
             Ok(fields_report(fields))
         }
+        Command::CheckFence {
+            resource,
+            fencing_token,
+        } => {
+            let key = resource.key();
+            let result = client.check_fence(&key, fencing_token).await?;
+            let verdict = result.verdict;
+            let report = fields_report(vec![
+                ("tenant_id", json!(key.tenant_id)),
+                ("resource_id", json!(key.resource_id)),
+                ("fencing_token", json!(fencing_token)),
+                ("current", json!(verdict.current)),
+                ("status", json!(verdict.status.as_str())),
+                ("latest_fencing_token", json!(verdict.latest_fencing_token)),
+                ("remaining_ttl_ms", json!(verdict.remaining_ttl_ms)),
+                ("log_time_ms", json!(result.log_time_ms)),
+                ("group_id", json!(result.group_id)),
+            ]);
+            Ok(Report {
+                exit_code: if verdict.current { 0 } else { 4 },
+                ..report
+            })
+        }
         Command::Get { resource, stale } => {
             let key = resource.key();
             let result = client.get_with(&key, stale).await?;
@@ -622,6 +659,7 @@ async fn node_command(client: &Client, command: NodeCommand) -> Result<Report, C
             Ok(Report {
                 json: json!({ "version": meta.version, "nodes": nodes }),
                 table,
+                exit_code: 0,
             })
         }
         NodeCommand::Add {
@@ -779,7 +817,11 @@ fn members_report(members: &GroupMembers) -> Report {
         &["NODE", "ROLE", "LEADER", "MATCHED", "LAG"],
         &rows,
     ));
-    Report { json, table }
+    Report {
+        json,
+        table,
+        exit_code: 0,
+    }
 }
 
 // ----- leases -----
@@ -875,6 +917,7 @@ async fn list_report(client: &Client, leases: &[LeaseView]) -> anyhow::Result<Re
     Ok(Report {
         json: json!({ "leases": objects, "count": leases.len() }),
         table,
+        exit_code: 0,
     })
 }
 
@@ -998,7 +1041,11 @@ async fn status_report(client: &Client) -> anyhow::Result<Report> {
             ranges(&without_leader)
         }
     ));
-    Ok(Report { json, table })
+    Ok(Report {
+        json,
+        table,
+        exit_code: 0,
+    })
 }
 
 /// Largest `committed - applied` over the hosted groups, and largest `last_log_index - matched`
@@ -1141,6 +1188,7 @@ fn fields_report(fields: Vec<(&'static str, Value)>) -> Report {
     Report {
         json: object(fields),
         table,
+        exit_code: 0,
     }
 }
 

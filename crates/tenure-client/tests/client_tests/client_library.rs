@@ -56,6 +56,44 @@ pub(crate) async fn connect(cluster: &ProcessCluster) -> Client {
         .unwrap_or_else(|error| panic!("client: {error}\n{}", cluster.log_tails()))
 }
 
+/// A 3-node cluster in insecure development mode, a connected client library, and a node that
+/// does not lead group 0 (its requests about group 0's keys are forwarded).
+pub(crate) async fn cluster_with_a_follower_of_group_0() -> (ProcessCluster, Client, u64) {
+    let cluster = ProcessCluster::start_ready(ClusterOptions {
+        insecure_dev_mode: true,
+        ..ClusterOptions::default()
+    })
+    .await;
+    let client = connect(&cluster).await;
+    let leader = wait_for(Duration::from_secs(20), "a leader of group 0", || async {
+        cluster.leader_of(1, 0).await
+    })
+    .await
+    .unwrap();
+    let follower = cluster.ids().into_iter().find(|&id| id != leader).unwrap();
+    (cluster, client, follower)
+}
+
+/// Writes the cluster file `tenurectl --cluster` reads for `cluster`; returns its path.
+pub(crate) fn tenurectl_cluster_file(cluster: &ProcessCluster) -> std::path::PathBuf {
+    let cluster_file = cluster.dir_path().join("cluster-for-tenurectl.json");
+    std::fs::write(
+        &cluster_file,
+        serde_json::json!({
+            "nodes": cluster.ids().iter().map(|&id| serde_json::json!({
+                "id": id,
+                "client": cluster.node(id).quic_addr.to_string(),
+                "http": cluster.http_url(id),
+            })).collect::<Vec<_>>(),
+            "groups": 16,
+            "ca_cert": cluster.dir_path().join("certs/ca.pem"),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    cluster_file
+}
+
 /// Sums a metric's samples (every label set) over the nodes in `ids`.
 async fn metric_sum(cluster: &ProcessCluster, ids: &[u64], name: &str) -> f64 {
     let mut total = 0.0;

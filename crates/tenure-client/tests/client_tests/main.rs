@@ -3,4 +3,5 @@
 //! test build). One test binary for the crate; one module per concern.
 
 mod client_library;
+mod fence_check;
 mod transfer;

@@ -9,30 +9,16 @@ use std::time::Duration;
 
 use tenure_client::{ErrorCode, ResourceKey};
 
-use crate::client_library::connect;
+use crate::client_library::{cluster_with_a_follower_of_group_0, connect, tenurectl_cluster_file};
 use tenure_core::{LeaseOp, LeaseReply, LeaseStatus, TransferRequest};
 use tenure_proto::client::RequestBody;
-use tenure_testkit::{ClusterOptions, ProcessCluster, TENANT, forward, http_request, lease_result};
+use tenure_testkit::{TENANT, forward, http_request, lease_result};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfer_works_through_native_http_client_library_and_tenurectl() {
-    let cluster = ProcessCluster::start_ready(ClusterOptions {
-        insecure_dev_mode: true,
-        ..ClusterOptions::default()
-    })
-    .await;
-    let client = connect(&cluster).await;
-
-    // --- native protocol, sent to a node that does not lead the group (forwarded).
+    let (cluster, client, follower) = cluster_with_a_follower_of_group_0().await;
     let resource = cluster.resource_in_group(TENANT, 0, "native", 0);
     let key = ResourceKey::new(TENANT, resource.clone());
-    let leader =
-        tenure_testkit::wait_for(Duration::from_secs(20), "a leader of group 0", || async {
-            cluster.leader_of(1, 0).await
-        })
-        .await
-        .unwrap();
-    let follower = cluster.ids().into_iter().find(|&id| id != leader).unwrap();
     let raw = cluster.client(follower).await;
     let acquired = raw
         .acquire(TENANT, &resource, "alice", 30_000, "n-1")
@@ -151,21 +137,7 @@ async fn transfer_works_through_native_http_client_library_and_tenurectl() {
 
     // --- tenurectl: acquire as grace, transfer to heidi, read it back.
     let tenurectl = env!("CARGO_BIN_EXE_tenurectl");
-    let cluster_file = cluster.dir_path().join("cluster-for-tenurectl.json");
-    std::fs::write(
-        &cluster_file,
-        serde_json::json!({
-            "nodes": cluster.ids().iter().map(|&id| serde_json::json!({
-                "id": id,
-                "client": cluster.node(id).quic_addr.to_string(),
-                "http": cluster.http_url(id),
-            })).collect::<Vec<_>>(),
-            "groups": 16,
-            "ca_cert": cluster.dir_path().join("certs/ca.pem"),
-        })
-        .to_string(),
-    )
-    .unwrap();
+    let cluster_file = tenurectl_cluster_file(&cluster);
     let resource = cluster.resource_in_group(TENANT, 2, "cli", 0);
     let run = |args: &[&str]| {
         let output = std::process::Command::new(tenurectl)

@@ -984,3 +984,53 @@ fn lease_ids_name_their_group_and_are_unique() {
         );
     }
 }
+
+// ---------------------------------------------------------------- fence check
+
+/// The fence check's verdict over a resource's life: a token is current exactly while its
+/// lease is the resource's active lease; an expired, released or superseded token never is, and
+/// a resource without a lease has no current token.
+#[test]
+fn a_fence_check_answers_current_only_for_the_active_leases_token() {
+    use tenure_core::FenceVerdict;
+    let mut h = Harness::new();
+    let absent = FenceVerdict::of(h.get("db").as_ref(), 1);
+    assert!(!absent.current);
+    assert_eq!(absent.status, LeaseStatus::Absent);
+    assert_eq!(absent.latest_fencing_token, None);
+
+    let first = h.acquire("db", "alice", 5_000).unwrap();
+    let verdict = FenceVerdict::of(h.get("db").as_ref(), first.fencing_token);
+    assert!(verdict.current);
+    assert_eq!(verdict.status, LeaseStatus::Active);
+    assert_eq!(verdict.latest_fencing_token, Some(first.fencing_token));
+    assert_eq!(verdict.remaining_ttl_ms, 5_000);
+    // A token the resource never had (above its latest): not current.
+    let unknown = FenceVerdict::of(h.get("db").as_ref(), first.fencing_token + 1);
+    assert!(!unknown.current);
+    assert_eq!(unknown.remaining_ttl_ms, 0);
+
+    // One millisecond before expiry: current; at expiry (half-open): not.
+    h.advance(4_999);
+    let verdict = FenceVerdict::of(h.get("db").as_ref(), first.fencing_token);
+    assert!(verdict.current);
+    assert_eq!(verdict.remaining_ttl_ms, 1);
+    h.advance(1);
+    let verdict = FenceVerdict::of(h.get("db").as_ref(), first.fencing_token);
+    assert!(!verdict.current);
+    assert_eq!(verdict.status, LeaseStatus::Expired);
+    assert_eq!(verdict.latest_fencing_token, Some(first.fencing_token));
+
+    // A new grant supersedes the old token for good; the new one is current until released.
+    let second = h.acquire("db", "bob", 5_000).unwrap();
+    assert!(second.fencing_token > first.fencing_token);
+    let old = FenceVerdict::of(h.get("db").as_ref(), first.fencing_token);
+    assert!(!old.current);
+    assert_eq!(old.status, LeaseStatus::Active);
+    assert_eq!(old.latest_fencing_token, Some(second.fencing_token));
+    assert!(FenceVerdict::of(h.get("db").as_ref(), second.fencing_token).current);
+    h.release("db", second.lease_id, "bob").unwrap();
+    let released = FenceVerdict::of(h.get("db").as_ref(), second.fencing_token);
+    assert!(!released.current);
+    assert_eq!(released.status, LeaseStatus::Released);
+}

@@ -18,18 +18,19 @@ use std::path::Path;
 
 use bytes::{Bytes, BytesMut};
 use tenure_core::{
-    AcquireRequest, ClusterChange, ClusterMeta, ClusterOp, ErrorCode, GroupId, LeaseError,
-    LeaseGrant, LeaseId, LeaseOp, LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest,
-    NodeAddresses, NodeRecord, NodeState, OverloadReason, QuotaKind, ReleaseReceipt,
+    AcquireRequest, ClusterChange, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, GroupId,
+    LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply, LeaseStatus, LeaseView, ListPage,
+    ListRequest, NodeAddresses, NodeRecord, NodeState, OverloadReason, QuotaKind, ReleaseReceipt,
     ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey, TransferReceipt,
     TransferRequest,
 };
 use tenure_golden::Golden;
 use tenure_proto::client::{
-    CLIENT_ALPN, CLIENT_PROTOCOL_VERSION, FollowerProgress, GetResult, GroupLeader, GroupMembers,
-    GroupStatus, LeaseResult, NodeAddress, NodeStatus, Principal, ReplicaChange, Request,
-    RequestBody, RequestFlags, RequestFrame, Response, ResponseBody, ResponseFrame, RoutingTable,
-    WireError, check_client_alpn, decode_request_frame, decode_response_frame, encode_client_frame,
+    CLIENT_ALPN, CLIENT_PROTOCOL_VERSION, FenceCheckResult, FollowerProgress, GetResult,
+    GroupLeader, GroupMembers, GroupStatus, LeaseResult, NodeAddress, NodeStatus, Principal,
+    ReplicaChange, Request, RequestBody, RequestFlags, RequestFrame, Response, ResponseBody,
+    ResponseFrame, RoutingTable, WireError, check_client_alpn, decode_request_frame,
+    decode_response_frame, encode_client_frame,
 };
 use tenure_proto::peer::FRAME_LENGTH_BYTES;
 use tenure_proto::{
@@ -246,6 +247,16 @@ fn requests() -> Vec<(&'static str, Request)> {
             request(12, RequestBody::Lease(LeaseOp::Transfer(transfer()))),
         ),
         ("get", request(6, RequestBody::Get { key: key() })),
+        (
+            "check_fence",
+            request(
+                13,
+                RequestBody::CheckFence {
+                    key: key(),
+                    fencing_token: 42,
+                },
+            ),
+        ),
         (
             "list",
             request(
@@ -516,6 +527,38 @@ fn responses() -> Vec<(&'static str, Response)> {
                     view: None,
                     log_time_ms: 1,
                     stale: false,
+                    group_id: 0,
+                }),
+            ),
+        ),
+        (
+            "fence_checked_current",
+            ok(
+                13,
+                ResponseBody::FenceChecked(FenceCheckResult {
+                    verdict: FenceVerdict {
+                        current: true,
+                        status: LeaseStatus::Active,
+                        latest_fencing_token: Some(42),
+                        remaining_ttl_ms: 1_500,
+                    },
+                    log_time_ms: 1_700_000_017_655,
+                    group_id: 7,
+                }),
+            ),
+        ),
+        (
+            "fence_checked_absent",
+            ok(
+                14,
+                ResponseBody::FenceChecked(FenceCheckResult {
+                    verdict: FenceVerdict {
+                        current: false,
+                        status: LeaseStatus::Absent,
+                        latest_fencing_token: None,
+                        remaining_ttl_ms: 0,
+                    },
+                    log_time_ms: 1,
                     group_id: 0,
                 }),
             ),

@@ -39,6 +39,32 @@ pub(super) struct ReleaseJson {
     pub(super) request_id: String,
 }
 
+/// A fence check: whether `fencing_token` is the resource's current active grant.
+#[derive(Deserialize)]
+pub(super) struct CheckFenceJson {
+    pub(super) tenant_id: String,
+    pub(super) resource_id: String,
+    pub(super) fencing_token: u64,
+}
+
+/// A fence check's answer: the verdict ([`tenure_core::FenceVerdict`]) and the log time it was
+/// computed at.
+#[derive(Serialize)]
+pub(super) struct FenceCheckJson {
+    /// True when the token's lease is the resource's active lease with time left.
+    pub(super) current: bool,
+    /// The token asked about.
+    pub(super) fencing_token: u64,
+    /// The status of the resource's latest lease (`ABSENT` when it has none).
+    pub(super) status: &'static str,
+    /// The fencing token of the resource's latest lease (`null` when it has none).
+    pub(super) latest_fencing_token: Option<u64>,
+    /// Milliseconds the lease has left while `current`, else 0.
+    pub(super) remaining_ttl_ms: u64,
+    pub(super) group_id: u32,
+    pub(super) log_time_ms: u64,
+}
+
 #[derive(Deserialize)]
 pub(super) struct TransferJson {
     pub(super) tenant_id: String,

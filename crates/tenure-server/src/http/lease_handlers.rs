@@ -1,5 +1,5 @@
-//! Handlers of the lease routes (acquire, renew, release, transfer, get, list): decode, call the
-//! request path, encode.
+//! Handlers of the lease routes (acquire, renew, release, transfer, get, list, check-fence):
+//! decode, call the request path, encode.
 //!
 //! Must not depend on: the node's internals (only the request path's `Service`).
 
@@ -206,6 +206,36 @@ pub(super) async fn get_lease(
             .into_response())
         }
         other => Err(unexpected("get", &other)),
+    }
+}
+
+/// `POST /v1/leases/check-fence`: whether a fencing token is the resource's current active
+/// grant, answered linearizably by the group's leader (never from a follower's state).
+pub(super) async fn check_fence(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(body): JsonBody<CheckFenceJson>,
+) -> Result<Response, ApiError> {
+    auth::check_tenant(&caller.principal, &body.tenant_id)?;
+    let request = RequestBody::CheckFence {
+        key: ResourceKey::new(body.tenant_id, body.resource_id),
+        fencing_token: body.fencing_token,
+    };
+    match state.call(&caller, false, request).await? {
+        ResponseBody::FenceChecked(result) => {
+            let verdict = result.verdict;
+            Ok(axum::Json(FenceCheckJson {
+                current: verdict.current,
+                fencing_token: body.fencing_token,
+                status: verdict.status.as_str(),
+                latest_fencing_token: verdict.latest_fencing_token,
+                remaining_ttl_ms: verdict.remaining_ttl_ms,
+                group_id: result.group_id,
+                log_time_ms: result.log_time_ms,
+            })
+            .into_response())
+        }
+        other => Err(unexpected("check-fence", &other)),
     }
 }
 

@@ -18,6 +18,7 @@
 //! | POST | `/v1/leases/release` | `{tenant_id, resource_id, lease_id, holder_id, request_id}` | `{lease_id, released, expiry_time, fencing_token, ...}` |
 //! | POST | `/v1/leases/transfer` | `{tenant_id, resource_id, lease_id, holder_id, new_holder_id, ttl_seconds \| ttl_ms, request_id}` | the new holder's grant `{lease_id, expiry_time, fencing_token, holder_id, previous_lease_id, previous_fencing_token, ...}` |
 //! | GET | `/v1/leases/{tenant_id}/{resource_id}` | `?stale=true` | `{found, lease}` |
+//! | POST | `/v1/leases/check-fence` | `{tenant_id, resource_id, fencing_token}` | `{current, fencing_token, status, latest_fencing_token, remaining_ttl_ms, group_id, log_time_ms}` |
 //! | GET | `/v1/tenants/{tenant_id}/leases` | `?page_size=&page_token=&filter_status=&stale=` | `{leases, next_page_token}` |
 //! | GET | `/healthz` | | `{status: "ok", node_id}` |
 //! | GET | `/readyz` | | the [`Readiness`] JSON, 200 when ready, else 503 |
@@ -128,6 +129,9 @@ pub const RENEW_PATH: &str = "/v1/leases/renew";
 pub const RELEASE_PATH: &str = "/v1/leases/release";
 /// `POST`: hand a lease to a new holder in one step (not in Tenure v1: tenure's own route).
 pub const TRANSFER_PATH: &str = "/v1/leases/transfer";
+/// `POST`: whether a fencing token is its resource's current active grant (not in Tenure v1:
+/// tenure's own route).
+pub const CHECK_FENCE_PATH: &str = "/v1/leases/check-fence";
 /// `GET`: a resource's lease.
 pub const GET_LEASE_PATH: &str = "/v1/leases/{tenant_id}/{resource_id}";
 /// `GET`: a tenant's leases, paged.
@@ -147,11 +151,12 @@ pub const OPENAPI_PATH: &str = "/openapi.json";
 pub const TESTING_FAULTS_PATH: &str = "/testing/faults";
 
 /// Every route of [`router`] as `(method, path)`, paths in axum/OpenAPI template syntax.
-pub const ROUTES: [(&str, &str); 10] = [
+pub const ROUTES: [(&str, &str); 11] = [
     ("post", ACQUIRE_PATH),
     ("post", RENEW_PATH),
     ("post", RELEASE_PATH),
     ("post", TRANSFER_PATH),
+    ("post", CHECK_FENCE_PATH),
     ("get", GET_LEASE_PATH),
     ("get", LIST_LEASES_PATH),
     ("get", HEALTHZ_PATH),
@@ -360,6 +365,7 @@ fn router_with(backend: Arc<dyn Backend>) -> Router {
         .route(RENEW_PATH, post(renew))
         .route(RELEASE_PATH, post(release))
         .route(TRANSFER_PATH, post(transfer))
+        .route(CHECK_FENCE_PATH, post(check_fence))
         .route(GET_LEASE_PATH, get(get_lease))
         .route(LIST_LEASES_PATH, get(list_leases))
         .route(HEALTHZ_PATH, get(healthz))

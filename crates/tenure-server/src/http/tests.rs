@@ -530,6 +530,71 @@ async fn transfer_builds_the_request_and_maps_the_new_holders_grant() {
     harness.shutdown().await;
 }
 
+#[tokio::test]
+async fn check_fence_builds_the_request_and_maps_the_verdict() {
+    let verdict = |current, status, latest: Option<u64>, remaining_ttl_ms| {
+        Ok(ResponseBody::FenceChecked(
+            tenure_proto::client::FenceCheckResult {
+                verdict: tenure_core::FenceVerdict {
+                    current,
+                    status,
+                    latest_fencing_token: latest,
+                    remaining_ttl_ms,
+                },
+                log_time_ms: 77_000,
+                group_id: 3,
+            },
+        ))
+    };
+    let harness = start(
+        Fake::default()
+            .answer(verdict(true, LeaseStatus::Active, Some(42), 1_500))
+            .answer(verdict(false, LeaseStatus::Active, Some(43), 0))
+            .answer(verdict(false, LeaseStatus::Absent, None, 0)),
+    )
+    .await;
+    let check =
+        |token: u64| json!({"tenant_id": "acme", "resource_id": "db", "fencing_token": token});
+    let current = harness.post(CHECK_FENCE_PATH, &check(42)).await;
+    assert_eq!(current.status, StatusCode::OK, "{}", current.text);
+    let body = current.json();
+    assert_eq!(body["current"], true);
+    assert_eq!(body["fencing_token"], 42);
+    assert_eq!(body["status"], "ACTIVE");
+    assert_eq!(body["latest_fencing_token"], 42);
+    assert_eq!(body["remaining_ttl_ms"], 1_500);
+    assert_eq!(body["group_id"], 3);
+    assert_eq!(body["log_time_ms"], 77_000);
+    // Superseded: a newer grant holds the resource. Not an error: a verdict.
+    let superseded = harness.post(CHECK_FENCE_PATH, &check(42)).await;
+    assert_eq!(superseded.status, StatusCode::OK, "{}", superseded.text);
+    assert_eq!(superseded.json()["current"], false);
+    assert_eq!(superseded.json()["latest_fencing_token"], 43);
+    let absent = harness.post(CHECK_FENCE_PATH, &check(7)).await;
+    assert_eq!(absent.json()["status"], "ABSENT");
+    assert_eq!(absent.json()["latest_fencing_token"], Value::Null);
+    let calls = harness.fake.lease_calls();
+    assert_eq!(
+        calls[0].1,
+        RequestBody::CheckFence {
+            key: ResourceKey::new("acme", "db"),
+            fencing_token: 42,
+        }
+    );
+    // Never a stale read.
+    assert!(!calls[0].0.flags.stale_read);
+    // A token that is not a non-negative integer is refused before anything is called.
+    let bad = harness
+        .post(
+            CHECK_FENCE_PATH,
+            &json!({"tenant_id": "acme", "resource_id": "db", "fencing_token": "42"}),
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.text);
+    assert_eq!(harness.fake.lease_calls().len(), 3);
+    harness.shutdown().await;
+}
+
 #[test]
 fn ttl_seconds_convert_to_milliseconds_exactly() {
     let ms = |text: &str| seconds_to_ms(&serde_json::from_str(text).unwrap()).ok();
