@@ -8,6 +8,8 @@
 //!
 //! [`Client::transfer`] (or [`Lease::transfer`]) hands a lease to a named new holder in one
 //! step, with a new fencing token; the new holder takes it over with [`Client::adopt`].
+//! [`Client::check_fence`] answers whether a fencing token is its resource's current active
+//! grant ([`FenceVerdict`]), for downstream systems that cannot store tokens.
 //!
 //! [`Client::acquire`] returns a [`Lease`]: fencing token, ttl, and the **safe deadline** of the
 //! contract (section 5), computed from the local monotonic time the request was sent. The client
@@ -59,9 +61,10 @@ pub use lease::{Lease, TransferFailed};
 pub use link::FaultInjector;
 pub use routing::{LeaderEntry, NodeInfo, RoutingState};
 pub use tenure_core::{
-    ClusterChange, ClusterMeta, ClusterOp, ErrorCode, LeaseId, LeaseStatus, LeaseView,
-    NodeAddresses, NodeRecord, NodeState, ReplayState, ReplayStatus, ResourceKey,
+    ClusterChange, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, LeaseId, LeaseStatus,
+    LeaseView, NodeAddresses, NodeRecord, NodeState, ReplayState, ReplayStatus, ResourceKey,
 };
 pub use tenure_proto::client::{
-    FollowerProgress, GetResult, GroupMembers, GroupStatus, LeaseResult, NodeStatus,
+    FenceCheckResult, FollowerProgress, GetResult, GroupMembers, GroupStatus, LeaseResult,
+    NodeStatus,
 };

@@ -525,16 +525,26 @@ pub struct LeaseView {
 
 /// Whether a fencing token is its resource's current active grant (Chubby's CheckSequencer):
 /// what a downstream system that cannot store tokens asks before accepting a holder's write.
+///
+/// A token means something only with its resource: tokens grow per group, so resources of
+/// different groups may have the same token. Part of the client protocol (its field order is
+/// wire format): a change needs a protocol version bump.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FenceVerdict {
     /// True when the token is the fencing token of the resource's lease and that lease is active
     /// with time left: its holder may still act. False for an older token (superseded), a token
-    /// the resource never had, an expired or released lease, and a resource without a lease.
+    /// the resource never had, an expired or released lease, a lease the leader's clock says is
+    /// due (status still `Active` until its Expire entry is applied), and a resource without a
+    /// lease. Final when `latest_fencing_token` is above the token, or the status is `Expired`
+    /// or `Released`; a lease that was only due may read as current again after a failover (the
+    /// new leader continues log time from the log, which can only lengthen leases), and no other
+    /// holder can have been granted meanwhile.
     pub current: bool,
     /// The status of the resource's latest lease (`Absent` when it has none).
     pub status: LeaseStatus,
     /// The fencing token of the resource's latest lease, whatever its status (`None` when it has
-    /// none). A token below it is superseded for good: tokens only grow.
+    /// none, or its record's retention ended). A token below it is superseded for good: tokens
+    /// only grow.
     pub latest_fencing_token: Option<u64>,
     /// Milliseconds the lease has left while `current`, else zero.
     pub remaining_ttl_ms: u64,

@@ -442,7 +442,9 @@ pub struct LeaseResult {
 pub struct FenceCheckResult {
     /// The verdict (`current`: the token's lease is the resource's active lease with time left).
     pub verdict: FenceVerdict,
-    /// The group's log time the answer was computed at (a linearizable read's).
+    /// The log time of the linearizable read the answer comes from (the state's). `current` and
+    /// `remaining_ttl_ms` are then judged on the leader's clock, which may be later (a lease
+    /// that clock says is due is not current even before its Expire entry is applied).
     pub log_time_ms: u64,
     /// The group.
     pub group_id: u32,

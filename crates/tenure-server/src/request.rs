@@ -115,6 +115,12 @@ fn clock_remaining_ttl(view: &mut LeaseView, clock_ms: u64) {
 /// As the group's ready leader: the resource's lease at a linearizable read's log time (its
 /// remaining ttl counted on the leader's clock, never more than the log time's) and that log
 /// time. Get and CheckFence answer from it.
+///
+/// The leader's clock is read after the state, so it is at least the stamp of any entry this
+/// leader proposed before: a lease that clock says is due reads as having no time left, even
+/// while the Expire entry (or a new grant stamped past its expiry) is not applied yet. When the
+/// node stopped leading in between, there is no such clock: the answer fails (UNAVAILABLE,
+/// retryable) rather than report a remaining ttl computed from a log time that may be old.
 async fn linearizable_view(
     handle: &GroupHandle,
     key: &ResourceKey,
@@ -122,7 +128,13 @@ async fn linearizable_view(
 ) -> Result<(Option<LeaseView>, u64), WireError> {
     let now = handle.linearizable_read_time(ctx.timeout).await?;
     let mut view = handle.get_at(key, now)?;
-    if let (Some(view), Some(clock_ms)) = (view.as_mut(), handle.log_now_ms()) {
+    if let Some(view) = view.as_mut() {
+        let Some(clock_ms) = handle.log_now_ms() else {
+            return Err(WireError::new(
+                ErrorCode::Unavailable,
+                "leadership of the group changed during the read; retry",
+            ));
+        };
         clock_remaining_ttl(view, clock_ms);
     }
     Ok((view, now))

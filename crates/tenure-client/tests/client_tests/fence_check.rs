@@ -127,6 +127,44 @@ async fn fence_checks_follow_the_resources_current_grant_on_every_path() {
     assert_eq!(code, Some(4), "{report}");
     assert_eq!(report["current"], false);
     assert_eq!(report["latest_fencing_token"], bob.fencing_token());
+
+    // Never a follower's state: without forwarding a follower refuses, stale read or not.
+    for stale_read in [false, true] {
+        let flags = tenure_proto::client::RequestFlags {
+            forward: false,
+            stale_read,
+            ..tenure_proto::client::RequestFlags::default()
+        };
+        let body = RequestBody::CheckFence {
+            key: key.clone(),
+            fencing_token: bob.fencing_token(),
+        };
+        match raw.call(body, flags).await {
+            Err(error) => assert_eq!(error.code, tenure_client::ErrorCode::NotLeader),
+            Ok(answer) => {
+                // Leader balancing may have moved group 0's leadership onto this node.
+                assert!(
+                    cluster.leader_of(follower, 0).await == Some(follower),
+                    "a follower answered {answer:?}"
+                );
+            }
+        }
+    }
+    // Another tenant's resource is refused; a malformed key is refused before any read.
+    let foreign = RequestBody::CheckFence {
+        key: ResourceKey::new("another-tenant", resource.clone()),
+        fencing_token: 1,
+    };
+    let refused = raw.call(foreign, forward()).await.unwrap_err();
+    assert_eq!(refused.code, tenure_client::ErrorCode::Forbidden);
+    let malformed = client
+        .check_fence(&ResourceKey::new(TENANT, ""), 1)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        malformed.code(),
+        Some(tenure_client::ErrorCode::InvalidArgument)
+    );
     bob.release().await.unwrap();
     client.close().await;
 }

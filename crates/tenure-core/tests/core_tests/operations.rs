@@ -1034,3 +1034,19 @@ fn a_fence_check_answers_current_only_for_the_active_leases_token() {
     assert!(!released.current);
     assert_eq!(released.status, LeaseStatus::Released);
 }
+
+/// A lease still ACTIVE in the state but with no time left on the leader's clock (its Expire
+/// entry not applied yet: the server clips `remaining_ttl_ms` by the clock) is not current.
+#[test]
+fn a_fence_check_of_a_lease_due_on_the_leaders_clock_is_not_current() {
+    use tenure_core::FenceVerdict;
+    let mut h = Harness::new();
+    let grant = h.acquire("db", "alice", 5_000).unwrap();
+    let mut view = h.get("db").unwrap();
+    view.remaining_ttl_ms = 0;
+    let verdict = FenceVerdict::of(Some(&view), grant.fencing_token);
+    assert!(!verdict.current);
+    assert_eq!(verdict.status, LeaseStatus::Active);
+    assert_eq!(verdict.latest_fencing_token, Some(grant.fencing_token));
+    assert_eq!(verdict.remaining_ttl_ms, 0);
+}

@@ -845,6 +845,13 @@ async fn authentication_and_tenant_isolation() {
         .get("/v1/tenants/globex/leases")
         .await
         .error(StatusCode::FORBIDDEN, "FORBIDDEN");
+    harness
+        .post(
+            CHECK_FENCE_PATH,
+            &json!({"tenant_id": "globex", "resource_id": "db", "fencing_token": 1}),
+        )
+        .await
+        .error(StatusCode::FORBIDDEN, "FORBIDDEN");
     assert!(
         harness.fake.calls().is_empty(),
         "refused before the service"
