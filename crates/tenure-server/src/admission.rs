@@ -289,16 +289,18 @@ struct TenantWindow {
 }
 
 impl TenantWindow {
-    /// Closes the window when its time is up (deciding on it whole, with `load` the node's load
-    /// now) and starts the next.
-    fn roll(&mut self, now_ms: u64, settings: &PressureSettings, load: NodeLoad) {
+    /// Closes the window when its time is up (deciding on it whole, with `load` giving the
+    /// node's load now, asked only when a window under pressure needs it) and starts the next.
+    fn roll(&mut self, now_ms: u64, settings: &PressureSettings, load: impl FnOnce() -> NodeLoad) {
         if now_ms.saturating_sub(self.started_ms) < settings.window_ms {
             return;
         }
         let share_met = u64::from(self.late) * 100
             >= u64::from(self.seen) * u64::from(settings.late_share_percent);
         let refusing = now_ms < self.refuse_until_ms;
-        if settings.short_of_capacity(load, refusing) && self.late >= settings.late_min && share_met
+        if self.late >= settings.late_min
+            && share_met
+            && settings.short_of_capacity(load(), refusing)
         {
             let until = self
                 .started_ms
@@ -329,7 +331,7 @@ impl TenantWindow {
 pub struct RenewalPressure {
     settings: PressureSettings,
     tenants: Mutex<HashMap<String, TenantWindow>>,
-    /// Never locked while `tenants` is held.
+    /// Locked alone or while `tenants` is held, never the other way round.
     load: Mutex<ProposalLoad>,
 }
 
@@ -421,7 +423,6 @@ impl RenewalPressure {
             return;
         }
         let settings = self.settings;
-        let load = self.node_load(now_ms);
         let mut tenants = self.lock();
         if !tenants.contains_key(tenant) {
             if tenants.len() >= TENANTS_TRACKED_MAX {
@@ -441,7 +442,7 @@ impl RenewalPressure {
         let Some(window) = tenants.get_mut(tenant) else {
             return;
         };
-        window.roll(now_ms, &settings, load);
+        window.roll(now_ms, &settings, || self.node_load(now_ms));
         window.seen = window.seen.saturating_add(1);
         if timing == RenewalTiming::Late {
             window.late = window.late.saturating_add(1);
@@ -451,11 +452,13 @@ impl RenewalPressure {
     /// Tenants whose new acquires are refused at monotonic time `now_ms`.
     pub fn tenants_under_pressure(&self, now_ms: u64) -> usize {
         let settings = self.settings;
-        let load = self.node_load(now_ms);
+        let mut load = None;
         let mut tenants = self.lock();
         let mut refused = 0;
         for window in tenants.values_mut() {
-            window.roll(now_ms, &settings, load);
+            window.roll(now_ms, &settings, || {
+                *load.get_or_insert_with(|| self.node_load(now_ms))
+            });
             if now_ms < window.refuse_until_ms {
                 refused += 1;
             }
@@ -470,13 +473,12 @@ impl RenewalPressure {
             return Ok(());
         }
         let settings = self.settings;
-        let load = self.node_load(now_ms);
         let until = {
             let mut tenants = self.lock();
             let Some(window) = tenants.get_mut(tenant) else {
                 return Ok(());
             };
-            window.roll(now_ms, &settings, load);
+            window.roll(now_ms, &settings, || self.node_load(now_ms));
             window.refuse_until_ms
         };
         if now_ms >= until {
