@@ -503,14 +503,13 @@ impl Client {
         let first = ops
             .first()
             .ok_or_else(|| ClientError::InvalidRequest("an empty batch".into()))?;
-        let tenant = first.key().tenant_id.clone();
-        let group = self.group_of(first.key()).await?;
+        let tenant = first.tenant_id().to_owned();
+        let group = self.group_of_op(first).await?;
         for op in &ops {
-            let key = op.key();
-            if self.group_of(key).await? != group {
+            if self.group_of_op(op).await? != group {
                 return Err(ClientError::InvalidRequest(format!(
-                    "a batch must stay in one group: {}/{} is not in group {group}",
-                    key.tenant_id, key.resource_id
+                    "a batch must stay in one group: a {} is not in group {group}",
+                    op.kind_name()
                 )));
             }
         }
@@ -683,6 +682,18 @@ impl Client {
     }
 
     /// The group a key belongs to (from the cached placement map).
+    /// The group an operation goes to: its key's, or the group a session operation names.
+    pub async fn group_of_op(&self, op: &LeaseOp) -> Result<u32, ClientError> {
+        match (op.key(), op.parts().group_id) {
+            (Some(key), _) => self.group_of(key).await,
+            (None, Some(group)) => Ok(group.0),
+            (None, None) => Err(ClientError::InvalidRequest(
+                "an operation with neither a key nor a group".into(),
+            )),
+        }
+    }
+
+    /// The group a key belongs to (from the routing cache, refreshed when it has no map).
     pub async fn group_of(&self, key: &ResourceKey) -> Result<u32, ClientError> {
         if let Some(group) = self.read_routing(|r| r.group_of(&key.tenant_id, &key.resource_id)) {
             return Ok(group);

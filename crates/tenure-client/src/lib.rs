@@ -11,6 +11,11 @@
 //! [`Client::check_fence`] answers whether a fencing token is its resource's current active
 //! grant ([`FenceVerdict`]), for downstream systems that cannot store tokens.
 //!
+//! [`Client::session`] starts a [`Session`]: leases acquired through it have no ttl of their
+//! own and live exactly as long as the session's record in their group, which one background
+//! keep-alive per group extends, however many leases the session holds there
+//! ([`Session::lost`] names a lost group and exactly its leases).
+//!
 //! [`Client::acquire`] returns a [`Lease`]: fencing token, ttl, and the **safe deadline** of the
 //! contract (section 5), computed from the local monotonic time the request was sent. The client
 //! renews every lease by itself, coalescing renewals that fall due together into one Batch
@@ -49,6 +54,7 @@ mod lease;
 mod link;
 mod renewer;
 mod routing;
+mod session;
 mod time;
 
 pub use client::{AcquireOptions, Client, ClientStats, Grant, RoutingSnapshot, Transferred};
@@ -60,9 +66,11 @@ pub use handle::{LeaseState, LossReason};
 pub use lease::{Lease, TransferFailed};
 pub use link::FaultInjector;
 pub use routing::{LeaderEntry, NodeInfo, RoutingState};
+pub use session::{Session, SessionLease, SessionLoss};
 pub use tenure_core::{
     ClusterChange, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, LeaseId, LeaseStatus,
     LeaseView, NodeAddresses, NodeRecord, NodeState, ReplayState, ReplayStatus, ResourceKey,
+    SessionId,
 };
 pub use tenure_proto::client::{
     FenceCheckResult, FollowerProgress, GetResult, GroupMembers, GroupStatus, LeaseResult,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ClusterChange, ClusterError, ClusterOp};
 use crate::error::LeaseError;
-use crate::ids::{LeaseId, ResourceKey};
+use crate::ids::{GroupId, LeaseId, ResourceKey, SessionId};
 use crate::limits::{GroupLimits, TenantPolicy};
 
 /// One entry of a group's log, as the state machine sees it.
@@ -80,6 +80,16 @@ pub enum LeaseOp {
     /// End the current lease and grant the resource to a named new holder in the same step (no
     /// moment in between at which anyone else could acquire it), with a new fencing token.
     Transfer(TransferRequest),
+    /// Open a session in one group: create the group's record of it (appended with sessions:
+    /// value format 4, client protocol 7). Repeating it while the record is active extends it.
+    SessionOpen(SessionOpenRequest),
+    /// Extend a session's record in one group by its ttl, from the entry's log time.
+    SessionKeepAlive(SessionRequest),
+    /// End a session's record in one group now; the leases bound to it end with it.
+    SessionClose(SessionRequest),
+    /// Grant the resource to the owner of a session, bound to the session's record in the key's
+    /// group: the lease has no ttl of its own and is active exactly while that record is.
+    AcquireInSession(SessionAcquireRequest),
 }
 
 /// The kind of a [`LeaseOp`], without its fields.
@@ -93,6 +103,14 @@ pub enum LeaseOpKind {
     Release,
     /// [`LeaseOp::Transfer`].
     Transfer,
+    /// [`LeaseOp::SessionOpen`].
+    SessionOpen,
+    /// [`LeaseOp::SessionKeepAlive`].
+    SessionKeepAlive,
+    /// [`LeaseOp::SessionClose`].
+    SessionClose,
+    /// [`LeaseOp::AcquireInSession`].
+    AcquireInSession,
 }
 
 impl LeaseOpKind {
@@ -103,6 +121,10 @@ impl LeaseOpKind {
             LeaseOpKind::Renew => "Renew",
             LeaseOpKind::Release => "Release",
             LeaseOpKind::Transfer => "Transfer",
+            LeaseOpKind::SessionOpen => "SessionOpen",
+            LeaseOpKind::SessionKeepAlive => "SessionKeepAlive",
+            LeaseOpKind::SessionClose => "SessionClose",
+            LeaseOpKind::AcquireInSession => "AcquireInSession",
         }
     }
 
@@ -113,13 +135,30 @@ impl LeaseOpKind {
             LeaseOpKind::Renew => "renew",
             LeaseOpKind::Release => "release",
             LeaseOpKind::Transfer => "transfer",
+            LeaseOpKind::SessionOpen => "session_open",
+            LeaseOpKind::SessionKeepAlive => "session_keepalive",
+            LeaseOpKind::SessionClose => "session_close",
+            LeaseOpKind::AcquireInSession => "acquire_in_session",
         }
     }
 
-    /// True when the operation may add an active lease to its tenant (admission control treats
-    /// such requests as new work; a transfer replaces one lease with another).
+    /// True when the operation may add an active lease or session to its tenant (admission
+    /// control treats such requests as new work; a transfer replaces one lease with another).
     pub fn adds_lease(self) -> bool {
-        matches!(self, LeaseOpKind::Acquire)
+        matches!(
+            self,
+            LeaseOpKind::Acquire | LeaseOpKind::AcquireInSession | LeaseOpKind::SessionOpen
+        )
+    }
+
+    /// True for the operations on a session's record (open, keep-alive, close): addressed to a
+    /// group rather than to a resource, and not deduplicated by request id (each is idempotent:
+    /// see the contract's sessions section).
+    pub fn is_session_record_op(self) -> bool {
+        matches!(
+            self,
+            LeaseOpKind::SessionOpen | LeaseOpKind::SessionKeepAlive | LeaseOpKind::SessionClose
+        )
     }
 
     /// Tag of the kind in the request-id fingerprint. Part of the snapshot format (request-id
@@ -130,6 +169,10 @@ impl LeaseOpKind {
             LeaseOpKind::Renew => 2,
             LeaseOpKind::Release => 3,
             LeaseOpKind::Transfer => 4,
+            LeaseOpKind::SessionOpen => 5,
+            LeaseOpKind::SessionKeepAlive => 6,
+            LeaseOpKind::SessionClose => 7,
+            LeaseOpKind::AcquireInSession => 8,
         }
     }
 }
@@ -139,11 +182,17 @@ impl LeaseOpKind {
 pub struct LeaseOpParts<'a> {
     /// The kind.
     pub kind: LeaseOpKind,
-    /// The resource.
-    pub key: &'a ResourceKey,
-    /// The holder acting (for Transfer: the current holder).
+    /// The tenant acting.
+    pub tenant_id: &'a str,
+    /// The resource (`None` for the operations on a session's record, which name a group).
+    pub key: Option<&'a ResourceKey>,
+    /// The group a session-record operation is addressed to (`None` for resource operations:
+    /// their key decides the group).
+    pub group_id: Option<GroupId>,
+    /// The holder acting (for Transfer: the current holder; for session operations: the
+    /// session's owner).
     pub holder_id: &'a str,
-    /// The request id.
+    /// The request id (empty for session-record operations, which are idempotent instead).
     pub request_id: &'a str,
     /// The lease the operation names (all but Acquire).
     pub lease_id: Option<LeaseId>,
@@ -151,6 +200,8 @@ pub struct LeaseOpParts<'a> {
     pub ttl_ms: Option<u64>,
     /// The holder the resource passes to (Transfer).
     pub new_holder_id: Option<&'a str>,
+    /// The session the operation names (session operations and AcquireInSession).
+    pub session_id: Option<SessionId>,
 }
 
 impl LeaseOp {
@@ -159,39 +210,91 @@ impl LeaseOp {
         match self {
             LeaseOp::Acquire(r) => LeaseOpParts {
                 kind: LeaseOpKind::Acquire,
-                key: &r.key,
+                tenant_id: &r.key.tenant_id,
+                key: Some(&r.key),
+                group_id: None,
                 holder_id: &r.holder_id,
                 request_id: &r.request_id,
                 lease_id: None,
                 ttl_ms: Some(r.ttl_ms),
                 new_holder_id: None,
+                session_id: None,
             },
             LeaseOp::Renew(r) => LeaseOpParts {
                 kind: LeaseOpKind::Renew,
-                key: &r.key,
+                tenant_id: &r.key.tenant_id,
+                key: Some(&r.key),
+                group_id: None,
                 holder_id: &r.holder_id,
                 request_id: &r.request_id,
                 lease_id: Some(r.lease_id),
                 ttl_ms: Some(r.ttl_ms),
                 new_holder_id: None,
+                session_id: None,
             },
             LeaseOp::Release(r) => LeaseOpParts {
                 kind: LeaseOpKind::Release,
-                key: &r.key,
+                tenant_id: &r.key.tenant_id,
+                key: Some(&r.key),
+                group_id: None,
                 holder_id: &r.holder_id,
                 request_id: &r.request_id,
                 lease_id: Some(r.lease_id),
                 ttl_ms: None,
                 new_holder_id: None,
+                session_id: None,
             },
             LeaseOp::Transfer(r) => LeaseOpParts {
                 kind: LeaseOpKind::Transfer,
-                key: &r.key,
+                tenant_id: &r.key.tenant_id,
+                key: Some(&r.key),
+                group_id: None,
                 holder_id: &r.holder_id,
                 request_id: &r.request_id,
                 lease_id: Some(r.lease_id),
                 ttl_ms: Some(r.ttl_ms),
                 new_holder_id: Some(&r.new_holder_id),
+                session_id: None,
+            },
+            LeaseOp::SessionOpen(r) => LeaseOpParts {
+                kind: LeaseOpKind::SessionOpen,
+                tenant_id: &r.tenant_id,
+                key: None,
+                group_id: Some(r.group_id),
+                holder_id: &r.owner_id,
+                request_id: "",
+                lease_id: None,
+                ttl_ms: Some(r.ttl_ms),
+                new_holder_id: None,
+                session_id: Some(r.session_id),
+            },
+            LeaseOp::SessionKeepAlive(r) | LeaseOp::SessionClose(r) => LeaseOpParts {
+                kind: if matches!(self, LeaseOp::SessionClose(_)) {
+                    LeaseOpKind::SessionClose
+                } else {
+                    LeaseOpKind::SessionKeepAlive
+                },
+                tenant_id: &r.tenant_id,
+                key: None,
+                group_id: Some(r.group_id),
+                holder_id: &r.owner_id,
+                request_id: "",
+                lease_id: None,
+                ttl_ms: None,
+                new_holder_id: None,
+                session_id: Some(r.session_id),
+            },
+            LeaseOp::AcquireInSession(r) => LeaseOpParts {
+                kind: LeaseOpKind::AcquireInSession,
+                tenant_id: &r.key.tenant_id,
+                key: Some(&r.key),
+                group_id: None,
+                holder_id: &r.holder_id,
+                request_id: &r.request_id,
+                lease_id: None,
+                ttl_ms: None,
+                new_holder_id: None,
+                session_id: Some(r.session_id),
             },
         }
     }
@@ -201,9 +304,14 @@ impl LeaseOp {
         self.parts().kind
     }
 
-    /// The resource the operation is about.
-    pub fn key(&self) -> &ResourceKey {
+    /// The resource the operation is about (`None` for the operations on a session's record).
+    pub fn key(&self) -> Option<&ResourceKey> {
         self.parts().key
+    }
+
+    /// The tenant acting.
+    pub fn tenant_id(&self) -> &str {
+        self.parts().tenant_id
     }
 
     /// `Acquire`, `Renew`, `Release` or `Transfer`.
@@ -225,8 +333,8 @@ impl LeaseOp {
     /// grows with.
     pub fn text_bytes(&self) -> usize {
         let parts = self.parts();
-        parts.key.tenant_id.len()
-            + parts.key.resource_id.len()
+        parts.tenant_id.len()
+            + parts.key.map_or(0, |key| key.resource_id.len())
             + parts.holder_id.len()
             + parts.request_id.len()
             + parts.new_holder_id.map_or(0, str::len)
@@ -242,6 +350,48 @@ pub struct AcquireRequest {
     pub holder_id: String,
     /// Requested ttl; must be within the tenant's bounds (never silently raised).
     pub ttl_ms: u64,
+    /// Deduplication id, scoped to the resource.
+    pub request_id: String,
+}
+
+/// Input of SessionOpen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionOpenRequest {
+    /// The session's tenant.
+    pub tenant_id: String,
+    /// The group whose record of the session this opens.
+    pub group_id: GroupId,
+    /// The session, drawn at random by its client.
+    pub session_id: SessionId,
+    /// Who owns the session (and holds every lease acquired in it); a holder id.
+    pub owner_id: String,
+    /// The session's ttl, within the tenant's lease ttl bounds; every keep-alive extends the
+    /// record by it.
+    pub ttl_ms: u64,
+}
+
+/// Input of SessionKeepAlive and SessionClose.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRequest {
+    /// The session's tenant.
+    pub tenant_id: String,
+    /// The group whose record of the session this extends or ends.
+    pub group_id: GroupId,
+    /// The session.
+    pub session_id: SessionId,
+    /// Its owner, as it was opened.
+    pub owner_id: String,
+}
+
+/// Input of AcquireInSession.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionAcquireRequest {
+    /// The resource.
+    pub key: ResourceKey,
+    /// Who asks: the session's owner.
+    pub holder_id: String,
+    /// The session the lease is bound to; it must be open in the key's group.
+    pub session_id: SessionId,
     /// Deduplication id, scoped to the resource.
     pub request_id: String,
 }
@@ -304,6 +454,11 @@ pub enum LeaseReply {
     /// request-id outcome is a `LeaseReply`, and an inline receipt would grow all of them by a
     /// third (postcard encodes the box as its content, so the bytes are the same).
     Transferred(Box<TransferReceipt>),
+    /// SessionOpen or SessionKeepAlive: the group's record of the session is active until
+    /// `expires_at_ms` (appended with sessions).
+    SessionKept(SessionGrant),
+    /// SessionClose ended the group's record of the session (and every lease bound to it).
+    SessionClosed(SessionReceipt),
 }
 
 impl LeaseReply {
@@ -313,7 +468,9 @@ impl LeaseReply {
         match self {
             LeaseReply::Acquired(grant) | LeaseReply::Renewed(grant) => Some(grant),
             LeaseReply::Transferred(receipt) => Some(&receipt.grant),
-            LeaseReply::Released(_) => None,
+            LeaseReply::Released(_) | LeaseReply::SessionKept(_) | LeaseReply::SessionClosed(_) => {
+                None
+            }
         }
     }
 
@@ -322,7 +479,10 @@ impl LeaseReply {
         match self {
             LeaseReply::Released(receipt) => Some(receipt),
             LeaseReply::Transferred(receipt) => Some(&receipt.released),
-            LeaseReply::Acquired(_) | LeaseReply::Renewed(_) => None,
+            LeaseReply::Acquired(_)
+            | LeaseReply::Renewed(_)
+            | LeaseReply::SessionKept(_)
+            | LeaseReply::SessionClosed(_) => None,
         }
     }
 }
@@ -351,6 +511,39 @@ pub struct LeaseGrant {
     pub ttl_ms: u64,
     /// True when this request created the lease (always true for Acquire, false for Renew).
     pub created: bool,
+}
+
+/// A group's record of a session after SessionOpen or SessionKeepAlive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionGrant {
+    /// The session.
+    pub session_id: SessionId,
+    /// The group whose record this is.
+    pub group_id: GroupId,
+    /// Log time of the entry that opened or extended it.
+    pub log_time_ms: u64,
+    /// Log time at which it (and every lease bound to it) expires unless kept alive:
+    /// `log_time_ms + ttl_ms`.
+    pub expires_at_ms: u64,
+    /// The session's ttl.
+    pub ttl_ms: u64,
+    /// True when this request created the record.
+    pub created: bool,
+    /// Leases bound to the record in this group, active at this log time.
+    pub bound_leases: u64,
+}
+
+/// A group's record of a session after SessionClose.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionReceipt {
+    /// The session.
+    pub session_id: SessionId,
+    /// The group whose record this is.
+    pub group_id: GroupId,
+    /// Log time at which the record ended (the close's log time).
+    pub closed_at_ms: u64,
+    /// Leases that ended with it (bound to it when it was closed).
+    pub leases_ended: u64,
 }
 
 /// The state of a lease after Release.
@@ -462,6 +655,8 @@ pub struct ReclaimedLease {
     pub fencing_token: u64,
     /// The log time at which it expired.
     pub expires_at_ms: u64,
+    /// The session whose end ended it (reason "session"); `None` when its own ttl ran out.
+    pub session_id: Option<SessionId>,
 }
 
 /// Everything applying one entry produced.
@@ -521,6 +716,10 @@ pub struct LeaseView {
     pub ttl_ms: u64,
     /// Number of changes to this lease: 1 at grant, +1 per renewal and for the release.
     pub version: u64,
+    /// The session the lease is bound to, if it was acquired in one: it is active exactly while
+    /// that session's record in its group is, and `expires_at_ms` is the record's (client
+    /// protocol 7).
+    pub session_id: Option<SessionId>,
 }
 
 /// Whether a fencing token is its resource's current active grant (Chubby's CheckSequencer):

@@ -10,7 +10,7 @@ use std::fmt;
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
-use crate::ids::LeaseId;
+use crate::ids::{LeaseId, SessionId};
 
 /// Every error code of the contract. Names and wire spellings are fixed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -107,6 +107,10 @@ pub enum QuotaKind {
     GroupLeaseRecords,
     /// The group's maximum number of distinct tenants.
     GroupTenants,
+    /// The group's maximum number of session records (appended with sessions).
+    GroupSessions,
+    /// The tenant's maximum number of active sessions in one group.
+    TenantSessions,
 }
 
 impl fmt::Display for QuotaKind {
@@ -115,6 +119,8 @@ impl fmt::Display for QuotaKind {
             QuotaKind::TenantActiveLeases => "tenant active leases",
             QuotaKind::GroupLeaseRecords => "group lease records",
             QuotaKind::GroupTenants => "group tenants",
+            QuotaKind::GroupSessions => "group session records",
+            QuotaKind::TenantSessions => "tenant active sessions",
         })
     }
 }
@@ -185,6 +191,20 @@ pub enum LeaseError {
         /// What is full.
         reason: OverloadReason,
     },
+    /// The group has no record of the session (never opened here, or its record's retention
+    /// ended). Appended with sessions; code NOT_FOUND.
+    #[error("session {session_id} is not open in this group")]
+    SessionNotFound {
+        /// The session named in the request.
+        session_id: SessionId,
+    },
+    /// The group's record of the session has expired or was closed; a session never comes back.
+    /// Code LEASE_EXPIRED.
+    #[error("session {session_id} has expired or was closed in this group")]
+    SessionExpired {
+        /// The session named in the request.
+        session_id: SessionId,
+    },
 }
 
 impl LeaseError {
@@ -206,6 +226,8 @@ impl LeaseError {
             LeaseError::LeaseMismatch { .. } => ErrorCode::LeaseMismatch,
             LeaseError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
             LeaseError::Overloaded { .. } => ErrorCode::Overloaded,
+            LeaseError::SessionNotFound { .. } => ErrorCode::NotFound,
+            LeaseError::SessionExpired { .. } => ErrorCode::LeaseExpired,
         }
     }
 

@@ -61,3 +61,42 @@ impl fmt::Display for ResourceKey {
         write!(f, "{}/{}", self.tenant_id, self.resource_id)
     }
 }
+
+/// Identifier of a session: 128 bits its client draws at random when it opens the session, so a
+/// retried open names the same session and no two clients pick the same id in practice. Scoped
+/// to its tenant: a group keys session records by `(tenant, session_id)`. Its text form is 32
+/// lower-case hex digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SessionId(pub u128);
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl std::str::FromStr for SessionId {
+    type Err = SessionIdParseError;
+
+    /// Parses the text form (exactly 32 hex digits, either case).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(SessionIdParseError);
+        }
+        u128::from_str_radix(text, 16)
+            .map(SessionId)
+            .map_err(|_| SessionIdParseError)
+    }
+}
+
+/// A session id's text form was not 32 hex digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionIdParseError;
+
+impl fmt::Display for SessionIdParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a session id is 32 hex digits")
+    }
+}
+
+impl std::error::Error for SessionIdParseError {}

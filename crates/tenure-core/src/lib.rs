@@ -74,10 +74,11 @@ pub use command::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, FenceVerdict, LeaseGrant, LeaseOp,
     LeaseOpKind, LeaseOpParts, LeaseOutcome, LeaseReply, LeaseStatus, LeaseView, ListPage,
     ListRequest, ReclaimedLease, ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState,
-    ReplayStatus, TransferReceipt, TransferRequest,
+    ReplayStatus, SessionAcquireRequest, SessionGrant, SessionOpenRequest, SessionReceipt,
+    SessionRequest, TransferReceipt, TransferRequest,
 };
 pub use error::{ErrorCode, LeaseError, OverloadReason, QuotaKind};
-pub use ids::{GroupId, LeaseId, ResourceKey};
+pub use ids::{GroupId, LeaseId, ResourceKey, SessionId, SessionIdParseError};
 pub use limits::{
     BATCH_ITEMS_CEILING, BATCH_ITEMS_MAX_DEFAULT, DEDUP_RECORD_BYTES_MEASURED,
     DEDUP_RECORD_BYTES_WORST, GROUP_RECORDS_MAX_DEFAULT, GROUP_TENANTS_MAX_DEFAULT, GroupLimits,
@@ -92,8 +93,8 @@ pub use placement::{
     PlacementError, PlacementMap, SLOT_COUNT_DEFAULT, SLOT_COUNT_MAX, key_hash, placement,
 };
 pub use state::{
-    LeaseStateMachine, SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN, SnapshotError,
-    SnapshotStats, StateOptions, StateStats,
+    GROUP_SESSIONS_MAX, LeaseStateMachine, SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN,
+    SnapshotError, SnapshotStats, StateOptions, StateStats,
 };
 pub use validate::{
     validate_holder_id, validate_request_id, validate_resource_id, validate_tenant_id,

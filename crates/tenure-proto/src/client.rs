@@ -44,7 +44,7 @@ use crate::peer::ProtoError;
 /// ALPN protocol identifier of the native client protocol: `tenure-client/` and
 /// [`CLIENT_PROTOCOL_VERSION`] (the version is negotiated by the TLS handshake, so a client and a
 /// node of different versions fail to connect instead of misreading each other's frames).
-pub const CLIENT_ALPN: &[u8] = b"tenure-client/6";
+pub const CLIENT_ALPN: &[u8] = b"tenure-client/7";
 
 /// ALPN prefix every version of the client protocol shares.
 pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
@@ -65,7 +65,11 @@ pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
 ///   [`RoutingTable::nodes_version`] (the node list's version) appended.
 /// - 6: the fence check: [`RequestBody::CheckFence`] appended, answered by
 ///   [`ResponseBody::FenceChecked`].
-pub const CLIENT_PROTOCOL_VERSION: u16 = 6;
+/// - 7: sessions: [`LeaseOp`] gains `SessionOpen`, `SessionKeepAlive`, `SessionClose` and
+///   `AcquireInSession` (the first three name a group instead of a key), `LeaseReply` gains
+///   `SessionKept` and `SessionClosed`, the state machine's errors `SessionNotFound` and
+///   `SessionExpired`, and `LeaseView` ends with the lease's `session_id`.
+pub const CLIENT_PROTOCOL_VERSION: u16 = 7;
 
 /// The client protocol version an ALPN identifier names: `Ok` only for this build's
 /// [`CLIENT_PROTOCOL_VERSION`]; another version is [`ProtoError::UnsupportedVersion`], an

@@ -45,7 +45,10 @@ pub const PEER_MAGIC: [u8; 4] = *b"TNRP";
 ///   founders' pinned data directory incarnations), which a version-3 node cannot decode; and a
 ///   node without a table answers `ClusterNodes` with its founder pins. Version 3 and 4 refuse
 ///   each other at `Hello` (an upgrade is a full-cluster restart).
-pub const PEER_PROTOCOL_VERSION: u16 = 4;
+/// - 5: log entries may carry the session operations (`LeaseOp::SessionOpen`, ...) and
+///   snapshots are format 5 (session records), neither of which a version-4 node can decode.
+///   Versions 4 and 5 refuse each other at `Hello` (an upgrade is a full-cluster restart).
+pub const PEER_PROTOCOL_VERSION: u16 = 5;
 
 /// Longest cluster name a `Hello` may carry, in bytes.
 pub const CLUSTER_NAME_BYTES_MAX: usize = 64;

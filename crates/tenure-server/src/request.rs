@@ -398,18 +398,29 @@ impl NodeShared {
         let mut group: Option<u32> = None;
         let mut acquire = false;
         for op in &ops {
-            let key = op.key();
-            check_tenant(&ctx.principal, &key.tenant_id)?;
-            key.validate().map_err(WireError::from_lease_error)?;
+            check_tenant(&ctx.principal, op.tenant_id())?;
             acquire |= op.kind().adds_lease();
-            let op_group = self.placement.group_of(&key.tenant_id, &key.resource_id).0;
+            // A resource operation goes to its key's group; a session-record operation names
+            // its group (one record per group: contract, sessions).
+            let op_group = match (op.key(), op.parts().group_id) {
+                (Some(key), _) => {
+                    key.validate().map_err(WireError::from_lease_error)?;
+                    self.placement.group_of(&key.tenant_id, &key.resource_id).0
+                }
+                (None, Some(group)) => {
+                    self.check_group_id(group.0)?;
+                    group.0
+                }
+                (None, None) => return Err(invalid("an operation names neither key nor group")),
+            };
             match group {
                 None => group = Some(op_group),
                 Some(g) if g == op_group => {}
                 Some(g) => {
                     return Err(invalid(format!(
-                        "a batch must stay in one group: {}/{} maps to group {op_group}, earlier items to group {g}",
-                        key.tenant_id, key.resource_id
+                        "a batch must stay in one group: a {} goes to group {op_group}, earlier \
+                         items to group {g}",
+                        op.kind_name()
                     )));
                 }
             }

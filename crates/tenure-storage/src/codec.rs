@@ -41,7 +41,10 @@ pub const CHECKSUM_BYTES: usize = 8;
 /// - 3: the same layout; a log entry may carry `ClusterOp::RecordFounders` (an appended variant
 ///   of the node table's changes, with the founders' pinned incarnations) that a version-2
 ///   reader cannot decode. Versions 1 and 2 are read unchanged.
-pub const VALUE_FORMAT_VERSION: u8 = 3;
+/// - 4: the same layout; a log entry may carry the session operations (`LeaseOp::SessionOpen`,
+///   `SessionKeepAlive`, `SessionClose`, `AcquireInSession`), appended variants a version-3
+///   reader cannot decode. Versions 1 to 3 are read unchanged.
+pub const VALUE_FORMAT_VERSION: u8 = 4;
 
 /// Seed of the checksum of versioned values (`"TNRSTOR1"`), so that no versioned value passes
 /// as an unversioned one.

@@ -4,4 +4,5 @@
 
 mod client_library;
 mod fence_check;
+mod sessions;
 mod transfer;

@@ -81,9 +81,12 @@ fn packed_tenant(packed: &[u8]) -> &[u8] {
 }
 
 /// Packs a request's identity into `out`.
+///
+/// Session-record operations (no key) are never deduplicated; for them the identity is the
+/// tenant alone, which no keyed request's identity equals.
 pub(crate) fn pack_op_identity(op: &LeaseOp, out: &mut Vec<u8>) {
-    let key = op.key();
-    pack_identity(out, &key.tenant_id, &key.resource_id, op.request_id());
+    let resource_id = op.key().map_or("", |key| key.resource_id.as_str());
+    pack_identity(out, op.tenant_id(), resource_id, op.request_id());
 }
 
 impl DedupIdentity {
@@ -162,8 +165,9 @@ fn push_part(scratch: &mut Vec<u8>, part: &[u8]) {
 /// only after the identity matched, i.e. between requests of one tenant on one resource.)
 ///
 /// The bytes hashed are part of the snapshot format (records store the digest): kind tag,
-/// holder, then the lease id, the ttl and the new holder when the operation has them. An
-/// operation without a new holder hashes exactly what it did before Transfer existed.
+/// holder, then the lease id, the ttl, the new holder and the session when the operation has
+/// them. An operation without a new holder hashes exactly what it did before Transfer existed,
+/// one without a session what it did before sessions.
 pub(crate) fn fingerprint(op: &LeaseOp, scratch: &mut Vec<u8>) -> u64 {
     let parts = op.parts();
     scratch.clear();
@@ -178,6 +182,9 @@ pub(crate) fn fingerprint(op: &LeaseOp, scratch: &mut Vec<u8>) -> u64 {
     }
     if let Some(new_holder_id) = parts.new_holder_id {
         push_part(scratch, new_holder_id.as_bytes());
+    }
+    if let Some(session_id) = parts.session_id {
+        scratch.extend_from_slice(&session_id.0.to_le_bytes());
     }
     xxh3_64(scratch)
 }

@@ -14,6 +14,7 @@
 //! is in the snapshot, so a restored replica decides exactly what a replaying one does.
 
 pub(crate) mod dedup;
+pub(crate) mod session;
 pub(crate) mod slab;
 mod snapshot;
 #[cfg(test)]
@@ -27,6 +28,7 @@ use compact_str::CompactString;
 use hashbrown::{HashMap, HashTable};
 use serde::{Deserialize, Serialize};
 
+pub use session::GROUP_SESSIONS_MAX;
 pub use snapshot::{
     SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN, SnapshotError, SnapshotStats,
 };
@@ -35,7 +37,8 @@ use crate::cluster::{ClusterError, ClusterMeta, METADATA_GROUP};
 use crate::command::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, LeaseGrant, LeaseOp, LeaseOutcome,
     LeaseReply, LeaseStatus, LeaseView, ListPage, ListRequest, ReclaimedLease, ReleaseReceipt,
-    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, TransferReceipt, TransferRequest,
+    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, SessionAcquireRequest,
+    TransferReceipt, TransferRequest,
 };
 use crate::error::{LeaseError, QuotaKind};
 use crate::ids::{GroupId, LeaseId, ResourceKey};
@@ -43,6 +46,7 @@ use crate::limits::{GroupLimits, TenantPolicy};
 use crate::negative::NegativeControl;
 use crate::validate::{validate_holder_id, validate_request_id, validate_tenant_id};
 use dedup::{DedupRecord, DedupTable, HashBuilder, Lookup};
+use session::{SessionStatus, SessionTables};
 use slab::Slab;
 
 /// Work budget for lazy garbage collection per applied entry, beyond twice its item count.
@@ -84,6 +88,11 @@ pub(crate) struct LeaseRecord {
     pub(crate) ttl_ms: u32,
     pub(crate) version: u32,
     pub(crate) status: RecordStatus,
+    /// The session record (slot) the lease is bound to while it is active and was acquired in
+    /// a session; `None` otherwise. Not in the record's own snapshot frame: snapshot format 5
+    /// lists the bindings separately, so format-4 records read unchanged.
+    #[serde(skip)]
+    pub(crate) session: Option<u32>,
 }
 
 impl LeaseRecord {
@@ -93,27 +102,47 @@ impl LeaseRecord {
             sequence: self.fencing_token,
         }
     }
+}
 
-    fn is_active_at(&self, now_ms: u64) -> bool {
+/// A lease's status and end as every decision sees them: a bound lease's are its session
+/// record's ([`LeaseStateMachine::lease_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LeaseState {
+    status: RecordStatus,
+    /// Expiry while active; the moment it ended once expired or released.
+    expires_at_ms: u64,
+}
+
+impl LeaseState {
+    fn is_active_at(self, now_ms: u64) -> bool {
         self.status == RecordStatus::Active && now_ms < self.expires_at_ms
     }
 
     /// Whether the record still answers for its resource at `now_ms`. An inactive (or
     /// unreclaimed, expired) record stays visible for `inactive_retention_ms` after it ended.
-    fn is_visible_at(&self, now_ms: u64, limits: &GroupLimits) -> bool {
+    fn is_visible_at(self, now_ms: u64, limits: &GroupLimits) -> bool {
         now_ms
             < self
                 .expires_at_ms
                 .saturating_add(limits.inactive_retention_ms)
     }
 
-    fn status_at(&self, now_ms: u64) -> LeaseStatus {
+    fn status_at(self, now_ms: u64) -> LeaseStatus {
         match self.status {
             RecordStatus::Active if now_ms < self.expires_at_ms => LeaseStatus::Active,
             RecordStatus::Active | RecordStatus::Expired => LeaseStatus::Expired,
             RecordStatus::Released => LeaseStatus::Released,
         }
     }
+}
+
+/// What a granted lease's time comes from.
+#[derive(Debug, Clone, Copy)]
+enum Binding {
+    /// Its own ttl.
+    Own { ttl_ms: u64 },
+    /// The session record at this slot.
+    Session { slot: u32 },
 }
 
 /// Per-tenant state in one group.
@@ -162,6 +191,8 @@ pub struct LeaseStateMachine {
     inactive: VecDeque<(u32, u64)>,
     inactive_count: u64,
     dedup: DedupTable,
+    /// Session records and the leases bound to them (see [`session`]).
+    sessions: SessionTables,
     /// The cluster metadata (empty except in the metadata group).
     cluster: ClusterMeta,
     hash_builder: HashBuilder,
@@ -190,6 +221,7 @@ impl LeaseStateMachine {
             inactive: VecDeque::new(),
             inactive_count: 0,
             dedup: DedupTable::new(hash_builder.clone()),
+            sessions: SessionTables::new(),
             cluster: ClusterMeta::default(),
             hash_builder,
             scratch: Vec::with_capacity(256),
@@ -226,16 +258,23 @@ impl LeaseStateMachine {
     /// A lower bound on the earliest expiry among active records, if any: when the leader should
     /// next propose an Expire command. (A lease renewed since it was indexed may turn out to
     /// expire later; the Expire then re-files it.)
+    /// Session records count too: one falling due, and an ended one whose leases still need
+    /// reclaiming (due at once).
     pub fn next_expiry_ms(&self) -> Option<u64> {
-        self.by_expiry
+        let lease = self
+            .by_expiry
             .first()
-            .map(|&(expires_at_ms, _)| expires_at_ms)
+            .map(|&(expires_at_ms, _)| expires_at_ms);
+        match (lease, self.next_session_work_ms()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Counters describing the state.
     pub fn stats(&self) -> StateStats {
         StateStats {
-            active_leases: self.by_expiry.len() as u64,
+            active_leases: (self.by_expiry.len() + self.sessions.by_session.len()) as u64,
             lease_records: self.slab.occupied() as u64,
             inactive_records: self.inactive_count,
             dedup_records: self.dedup.len() as u64,
@@ -278,7 +317,7 @@ impl LeaseStateMachine {
             Command::Expire { leases_max } => {
                 let leases_max = (*leases_max).min(self.limits.expire_batch_max);
                 self.reclaim_due(now_ms, leases_max, &mut reclaimed);
-                let more_due = self.by_expiry.first().is_some_and(|&(at, _)| at <= now_ms);
+                let more_due = self.next_expiry_ms().is_some_and(|at| at <= now_ms);
                 (CommandResult::Expire { more_due }, 1)
             }
             Command::SetTenantPolicy { tenant_id, policy } => (
@@ -324,9 +363,15 @@ impl LeaseStateMachine {
             replayed: false,
             replay: None,
         };
+        if op.kind().is_session_record_op() {
+            // Idempotent by design (contract, sessions): no request id, nothing recorded.
+            return fresh(self.decide(op, now_ms, reclaimed));
+        }
+        let Some(key) = op.key() else {
+            return fresh(Err(LeaseError::invalid("key", "missing")));
+        };
         // Malformed identity: nothing to scope a request id to, so nothing is recorded.
-        let checked = op
-            .key()
+        let checked = key
             .validate()
             .and_then(|()| validate_request_id(op.request_id()))
             .and_then(|()| validate_holder_id(op.holder_id()))
@@ -347,7 +392,7 @@ impl LeaseStateMachine {
             .lookup(&self.scratch, fingerprint, now_ms, &self.limits)
         {
             Lookup::Replay(record) => {
-                let replay = self.replay_state(op.key(), record, now_ms);
+                let replay = self.replay_state(key, record, now_ms);
                 return LeaseOutcome {
                     result: record.outcome.clone(),
                     replayed: true,
@@ -382,6 +427,10 @@ impl LeaseStateMachine {
             LeaseOp::Renew(r) => self.renew(r, now_ms),
             LeaseOp::Release(r) => self.release(r, now_ms),
             LeaseOp::Transfer(r) => self.transfer(r, now_ms),
+            LeaseOp::SessionOpen(r) => self.open_session(r, now_ms),
+            LeaseOp::SessionKeepAlive(r) => self.keep_session_alive(r, now_ms),
+            LeaseOp::SessionClose(r) => self.close_session(r, now_ms),
+            LeaseOp::AcquireInSession(r) => self.acquire_in_session(r, now_ms, reclaimed),
         }
     }
 
@@ -413,14 +462,17 @@ impl LeaseStateMachine {
             .get(key.tenant_id.as_str())
             .and_then(|&tenant| self.find_slot(tenant, &key.resource_id))
             .and_then(|slot| self.slab.get(slot))
-            .filter(|r| {
-                r.is_visible_at(now_ms, &self.limits)
+            .map(|r| (r, self.lease_state(r)))
+            .filter(|(r, state)| {
+                state.is_visible_at(now_ms, &self.limits)
                     && r.lease_id() == grant.lease_id
                     && r.fencing_token == grant.fencing_token
             });
-        let Some(current) = current else {
+        let Some((_, current)) = current else {
             return ended(ReplayStatus::Superseded, grant.expires_at_ms);
         };
+        // For a lease bound to a session too: the grant named the session's expiry at the
+        // time; what keep-alives added since is the session's to report, not the replay's.
         let expires_at_ms = grant.expires_at_ms.min(current.expires_at_ms);
         match current.status {
             RecordStatus::Released => ended(ReplayStatus::Released, expires_at_ms),
@@ -444,17 +496,74 @@ impl LeaseStateMachine {
         reclaimed: &mut Vec<ReclaimedLease>,
     ) -> Result<LeaseReply, LeaseError> {
         let tenant = self.tenant_or_create(&request.key.tenant_id)?;
-        let policy = &self.tenants[tenant as usize].policy;
-        check_ttl(request.ttl_ms, policy, &self.limits)?;
-        let quota = policy.active_leases_max(&self.limits);
+        check_ttl(
+            request.ttl_ms,
+            &self.tenants[tenant as usize].policy,
+            &self.limits,
+        )?;
+        let binding = Binding::Own {
+            ttl_ms: request.ttl_ms,
+        };
+        self.grant_resource(
+            tenant,
+            &request.key,
+            &request.holder_id,
+            binding,
+            now_ms,
+            reclaimed,
+        )
+    }
+
+    /// Acquire bound to a session: the session must be active in this group and owned by the
+    /// requester; the lease then has the record's expiry, whatever keep-alives do to it.
+    fn acquire_in_session(
+        &mut self,
+        request: &SessionAcquireRequest,
+        now_ms: u64,
+        reclaimed: &mut Vec<ReclaimedLease>,
+    ) -> Result<LeaseReply, LeaseError> {
+        let tenant = self.tenant_or_create(&request.key.tenant_id)?;
+        let slot =
+            self.live_session(Some(tenant), request.session_id, &request.holder_id, now_ms)?;
+        self.grant_resource(
+            tenant,
+            &request.key,
+            &request.holder_id,
+            Binding::Session { slot },
+            now_ms,
+            reclaimed,
+        )
+    }
+
+    /// The part of Acquire after the tenant and the ttl (or session) checks: the quota, the
+    /// resource's current record, and the grant.
+    fn grant_resource(
+        &mut self,
+        tenant: u32,
+        key: &ResourceKey,
+        holder_id: &str,
+        binding: Binding,
+        now_ms: u64,
+        reclaimed: &mut Vec<ReclaimedLease>,
+    ) -> Result<LeaseReply, LeaseError> {
+        let quota = self.tenants[tenant as usize]
+            .policy
+            .active_leases_max(&self.limits);
         if self.tenants[tenant as usize].active_leases >= quota {
-            // Leases past expiry but not yet reclaimed must not count against the quota.
+            // Leases past expiry but not yet reclaimed must not count against the quota. (A
+            // session active at `now_ms` is not due, so this never ends the one we bind to.)
             self.reclaim_due(now_ms, self.limits.expire_batch_max, reclaimed);
         }
-        let ttl_ms = u32::try_from(request.ttl_ms)
+        let (ttl_ms, expires_at_ms) = match binding {
+            Binding::Own { ttl_ms } => (ttl_ms, now_ms.saturating_add(ttl_ms)),
+            Binding::Session { slot } => {
+                let session = self.session(slot);
+                (u64::from(session.ttl_ms), session.expires_at_ms)
+            }
+        };
+        let ttl_ms = u32::try_from(ttl_ms)
             .map_err(|_| LeaseError::invalid("ttl_ms", "does not fit the state's 32-bit ttl"))?;
-        let expires_at_ms = now_ms.saturating_add(request.ttl_ms);
-        let existing = self.find_slot(tenant, &request.key.resource_id);
+        let existing = self.find_slot(tenant, &key.resource_id);
         let quota_exceeded = LeaseError::QuotaExceeded {
             kind: QuotaKind::TenantActiveLeases,
             limit: quota,
@@ -462,14 +571,15 @@ impl LeaseStateMachine {
 
         if let Some(slot) = existing {
             let record = self.record(slot);
-            if record.is_active_at(now_ms)
+            let state = self.lease_state(record);
+            if state.is_active_at(now_ms)
                 && !self
                     .negative_control
                     .breaks(NegativeControl::SkipExpiryCheck)
             {
                 return Err(LeaseError::AlreadyHeld {
                     holder_id: record.holder_id.clone(),
-                    remaining_ttl_ms: record.expires_at_ms - now_ms,
+                    remaining_ttl_ms: state.expires_at_ms - now_ms,
                 });
             }
             let was_active = record.status == RecordStatus::Active;
@@ -477,7 +587,6 @@ impl LeaseStateMachine {
                 return Err(quota_exceeded);
             }
             let old_token = record.fencing_token;
-            let old_indexed = record.indexed_expiry_ms;
             let token = self.take_sequence();
             // Safety invariant (contract 3.2): a new grant's token exceeds every earlier one.
             // (The negative control that resets tokens skips it, so the checkers, not this
@@ -490,7 +599,7 @@ impl LeaseStateMachine {
                 "fencing token would not increase"
             );
             if was_active {
-                self.by_expiry.remove(&(old_indexed, slot));
+                self.unfile_active(slot);
             } else {
                 self.inactive_count -= 1;
                 self.tenants[tenant as usize].active_leases += 1;
@@ -498,9 +607,10 @@ impl LeaseStateMachine {
             let parts = self.regrant(
                 slot,
                 (tenant, old_token),
-                &request.holder_id,
+                holder_id,
                 (token, ttl_ms),
                 expires_at_ms,
+                binding,
             );
             return Ok(LeaseReply::Acquired(grant(parts, now_ms, true)));
         }
@@ -519,8 +629,8 @@ impl LeaseStateMachine {
         let token = self.take_sequence();
         let record = LeaseRecord {
             tenant,
-            resource_id: CompactString::from(request.key.resource_id.as_str()),
-            holder_id: CompactString::from(request.holder_id.as_str()),
+            resource_id: CompactString::from(key.resource_id.as_str()),
+            holder_id: CompactString::from(holder_id),
             fencing_token: token,
             expires_at_ms,
             indexed_expiry_ms: expires_at_ms,
@@ -528,6 +638,7 @@ impl LeaseStateMachine {
             ttl_ms,
             version: 1,
             status: RecordStatus::Active,
+            session: None,
         };
         let parts = record_view_parts(&record);
         let Some(slot) = self.slab.insert(record) else {
@@ -538,9 +649,55 @@ impl LeaseStateMachine {
         };
         self.index_key(slot);
         self.by_tenant.insert((tenant, token, slot));
-        self.by_expiry.insert((expires_at_ms, slot));
+        self.file_active(slot, expires_at_ms, binding);
         self.tenants[tenant as usize].active_leases += 1;
         Ok(LeaseReply::Acquired(grant(parts, now_ms, true)))
+    }
+
+    /// Files an active lease where its expiry is kept: the expiry index for a lease with a ttl
+    /// of its own, its session's bound leases otherwise.
+    fn file_active(&mut self, slot: u32, expires_at_ms: u64, binding: Binding) {
+        match binding {
+            Binding::Own { .. } => {
+                self.by_expiry.insert((expires_at_ms, slot));
+            }
+            Binding::Session { slot: session } => self.bind_lease(slot, session),
+        }
+    }
+
+    /// Takes an active lease out of wherever its expiry is kept (it is ending, or being granted
+    /// anew).
+    fn unfile_active(&mut self, slot: u32) {
+        let record = self.record(slot);
+        match record.session {
+            Some(session) => self.unbind_lease(slot, session),
+            None => {
+                let indexed = record.indexed_expiry_ms;
+                self.by_expiry.remove(&(indexed, slot));
+            }
+        }
+    }
+
+    /// A lease record's status and end as every decision sees them: a lease bound to a session
+    /// is active exactly while the session's record is, and ended when the record ended.
+    fn lease_state(&self, record: &LeaseRecord) -> LeaseState {
+        match record.session {
+            Some(slot) if record.status == RecordStatus::Active => {
+                let session = self.session(slot);
+                LeaseState {
+                    status: if session.status == SessionStatus::Active {
+                        RecordStatus::Active
+                    } else {
+                        RecordStatus::Expired
+                    },
+                    expires_at_ms: session.expires_at_ms,
+                }
+            }
+            _ => LeaseState {
+                status: record.status,
+                expires_at_ms: record.expires_at_ms,
+            },
+        }
     }
 
     fn renew(&mut self, request: &RenewRequest, now_ms: u64) -> Result<LeaseReply, LeaseError> {
@@ -551,6 +708,13 @@ impl LeaseStateMachine {
             request.ttl_ms,
             now_ms,
         )?;
+        if self.record(slot).session.is_some() {
+            return Err(LeaseError::invalid(
+                "lease_id",
+                "is bound to a session: it lives as long as the session, so keep the session \
+                 alive instead of renewing the lease",
+            ));
+        }
         let expires_at_ms = now_ms.saturating_add(request.ttl_ms);
         let record = self.record_mut(slot);
         record.expires_at_ms = expires_at_ms;
@@ -581,13 +745,12 @@ impl LeaseStateMachine {
             &request.holder_id,
             now_ms,
         )?;
+        self.unfile_active(slot);
         let record = self.record_mut(slot);
-        let old_indexed = record.indexed_expiry_ms;
         record.expires_at_ms = now_ms;
         record.status = RecordStatus::Released;
         record.version = record.version.saturating_add(1);
         let (lease_id, token, tenant) = (record.lease_id(), record.fencing_token, record.tenant);
-        self.by_expiry.remove(&(old_indexed, slot));
         self.tenants[tenant as usize].active_leases -= 1;
         self.mark_inactive(slot, token);
         Ok(LeaseReply::Released(ReleaseReceipt {
@@ -616,12 +779,8 @@ impl LeaseStateMachine {
             now_ms,
         )?;
         let record = self.record(slot);
-        let (old_lease_id, old_token, old_indexed, tenant) = (
-            record.lease_id(),
-            record.fencing_token,
-            record.indexed_expiry_ms,
-            record.tenant,
-        );
+        let (old_lease_id, old_token, tenant) =
+            (record.lease_id(), record.fencing_token, record.tenant);
         let token = self.take_sequence();
         // Safety invariant (contract 3.2): the new holder's token exceeds the old holder's.
         assert!(
@@ -632,13 +791,18 @@ impl LeaseStateMachine {
             "fencing token would not increase"
         );
         let expires_at_ms = now_ms.saturating_add(request.ttl_ms);
-        self.by_expiry.remove(&(old_indexed, slot));
+        // A lease bound to a session passes on as a lease with the ttl the transfer names: the
+        // new holder does not own the session.
+        self.unfile_active(slot);
         let parts = self.regrant(
             slot,
             (tenant, old_token),
             &request.new_holder_id,
             (token, ttl_ms),
             expires_at_ms,
+            Binding::Own {
+                ttl_ms: request.ttl_ms,
+            },
         );
         Ok(LeaseReply::Transferred(Box::new(TransferReceipt {
             released: ReleaseReceipt {
@@ -653,8 +817,8 @@ impl LeaseStateMachine {
     /// Makes the existing record at `slot` (of `tenant`, last token `old_token`) a new active
     /// lease of `holder_id` with `token`, expiring at `expires_at_ms`: re-keys it in the tenant
     /// index and files it in the expiry index. The caller has removed its old expiry entry, if
-    /// it had one, and keeps the tenant's active count right. Acquire over an ended record and
-    /// Transfer share it.
+    /// it had one (or unbound it from its session), and keeps the tenant's active count right.
+    /// Acquire over an ended record and Transfer share it.
     fn regrant(
         &mut self,
         slot: u32,
@@ -662,10 +826,11 @@ impl LeaseStateMachine {
         holder_id: &str,
         (token, ttl_ms): (u64, u32),
         expires_at_ms: u64,
+        binding: Binding,
     ) -> ViewParts {
         self.by_tenant.remove(&(tenant, old_token, slot));
         self.by_tenant.insert((tenant, token, slot));
-        self.by_expiry.insert((expires_at_ms, slot));
+        self.file_active(slot, expires_at_ms, binding);
         let group = self.group_id.0;
         let record = self.record_mut(slot);
         record.holder_id = CompactString::from(holder_id);
@@ -714,10 +879,11 @@ impl LeaseStateMachine {
             .and_then(|t| self.find_slot(t, resource_id))
             .ok_or(LeaseError::NotFound)?;
         let record = self.record(slot);
-        if !record.is_visible_at(now_ms, &self.limits) {
+        let state = self.lease_state(record);
+        if !state.is_visible_at(now_ms, &self.limits) {
             return Err(LeaseError::NotFound);
         }
-        if !record.is_active_at(now_ms) {
+        if !state.is_active_at(now_ms) {
             return Err(LeaseError::LeaseExpired { lease_id });
         }
         if record.lease_id() != lease_id || record.holder_id != holder_id {
@@ -782,51 +948,81 @@ impl LeaseStateMachine {
         Ok(())
     }
 
-    /// Reclaims up to `leases_max` records whose expiry is at or before `now_ms`, oldest first.
-    /// Entries of leases renewed since they were indexed are re-filed under their real expiry
-    /// (so the order stays exact); at most `2 * leases_max` index entries are examined.
+    /// Reclaims up to `leases_max` records whose expiry is at or before `now_ms`, in log-time
+    /// order across the three kinds of due work: a lease's own expiry, a session record's expiry
+    /// (which ends the record; it counts as one), and one lease of an ended session record.
+    /// Entries of leases and sessions extended since they were indexed are re-filed under their
+    /// real expiry (so the order stays exact); at most `2 * leases_max` entries are examined.
     fn reclaim_due(&mut self, now_ms: u64, leases_max: u32, reclaimed: &mut Vec<ReclaimedLease>) {
         let mut reclaimed_count = 0u32;
         let mut examined = 0u64;
         let examined_max = 2 * u64::from(leases_max);
         while reclaimed_count < leases_max && examined < examined_max {
-            let Some(&(indexed_at_ms, slot)) = self.by_expiry.first() else {
+            let due =
+                |front: Option<&(u64, u32)>| front.map(|&(at, _)| at).filter(|&at| at <= now_ms);
+            let lease_at = due(self.by_expiry.first());
+            let session_at = due(self.sessions.by_expiry.first());
+            let ending_at = due(self.sessions.ending.first());
+            let Some(next_at) = [ending_at, session_at, lease_at]
+                .into_iter()
+                .flatten()
+                .min()
+            else {
                 return;
             };
-            if indexed_at_ms > now_ms {
-                return;
-            }
-            self.by_expiry.pop_first();
             examined += 1;
-            let record = self.record_mut(slot);
-            assert_eq!(
-                record.status,
-                RecordStatus::Active,
-                "expiry index names an inactive record"
-            );
-            if record.expires_at_ms > indexed_at_ms {
-                let expires_at_ms = record.expires_at_ms;
-                record.indexed_expiry_ms = expires_at_ms;
-                self.by_expiry.insert((expires_at_ms, slot));
-                continue;
+            if ending_at == Some(next_at) {
+                self.end_front_bound_lease(reclaimed);
+                reclaimed_count += 1;
+            } else if session_at == Some(next_at) {
+                if self.expire_front_session() {
+                    reclaimed_count += 1;
+                }
+            } else if self.reclaim_front_lease(reclaimed) {
+                reclaimed_count += 1;
             }
-            record.status = RecordStatus::Expired;
-            let token = record.fencing_token;
-            let tenant = record.tenant;
-            let resource_id = record.resource_id.clone();
-            let lease_id = record.lease_id();
-            let expires_at_ms = record.expires_at_ms;
-            reclaimed.push(ReclaimedLease {
-                tenant_id: self.tenants[tenant as usize].name.clone(),
-                resource_id,
-                lease_id,
-                fencing_token: token,
-                expires_at_ms,
-            });
-            reclaimed_count += 1;
-            self.tenants[tenant as usize].active_leases -= 1;
-            self.mark_inactive(slot, token);
         }
+    }
+
+    /// Processes the front of the lease expiry index (due): re-files it if renewed since it was
+    /// indexed, else reclaims it. True when it was reclaimed.
+    fn reclaim_front_lease(&mut self, reclaimed: &mut Vec<ReclaimedLease>) -> bool {
+        let Some((indexed_at_ms, slot)) = self.by_expiry.pop_first() else {
+            return false;
+        };
+        let record = self.record_mut(slot);
+        assert_eq!(
+            record.status,
+            RecordStatus::Active,
+            "expiry index names an inactive record"
+        );
+        assert!(
+            record.session.is_none(),
+            "expiry index names a lease bound to a session"
+        );
+        if record.expires_at_ms > indexed_at_ms {
+            let expires_at_ms = record.expires_at_ms;
+            record.indexed_expiry_ms = expires_at_ms;
+            self.by_expiry.insert((expires_at_ms, slot));
+            return false;
+        }
+        record.status = RecordStatus::Expired;
+        let token = record.fencing_token;
+        let tenant = record.tenant;
+        let resource_id = record.resource_id.clone();
+        let lease_id = record.lease_id();
+        let expires_at_ms = record.expires_at_ms;
+        reclaimed.push(ReclaimedLease {
+            tenant_id: self.tenants[tenant as usize].name.clone(),
+            resource_id,
+            lease_id,
+            fencing_token: token,
+            expires_at_ms,
+            session_id: None,
+        });
+        self.tenants[tenant as usize].active_leases -= 1;
+        self.mark_inactive(slot, token);
+        true
     }
 
     fn mark_inactive(&mut self, slot: u32, token: u64) {
@@ -873,6 +1069,7 @@ impl LeaseStateMachine {
 
     fn collect_garbage(&mut self, now_ms: u64, budget: usize) {
         self.dedup.collect_garbage(now_ms, &self.limits, budget);
+        self.collect_session_garbage(now_ms, budget);
         let mut budget = budget;
         while budget > 0 {
             let Some(&(slot, token)) = self.inactive.front() else {
@@ -882,7 +1079,7 @@ impl LeaseStateMachine {
                 let Some(record) = self.slab.get(slot) else {
                     return;
                 };
-                if record.is_visible_at(now_ms, &self.limits) {
+                if self.lease_state(record).is_visible_at(now_ms, &self.limits) {
                     return;
                 }
                 self.free_inactive(slot);
@@ -933,7 +1130,8 @@ impl LeaseStateMachine {
     // ---- queries ----
 
     fn view(&self, record: &LeaseRecord, now_ms: u64) -> LeaseView {
-        let status = record.status_at(now_ms);
+        let state = self.lease_state(record);
+        let status = state.status_at(now_ms);
         LeaseView {
             key: ResourceKey::new(
                 self.tenants[record.tenant as usize].name.as_str(),
@@ -943,14 +1141,15 @@ impl LeaseStateMachine {
             holder_id: record.holder_id.to_string(),
             status,
             fencing_token: record.fencing_token,
-            expires_at_ms: record.expires_at_ms,
+            expires_at_ms: state.expires_at_ms,
             remaining_ttl_ms: if status == LeaseStatus::Active {
-                record.expires_at_ms - now_ms
+                state.expires_at_ms - now_ms
             } else {
                 0
             },
             ttl_ms: u64::from(record.ttl_ms),
             version: u64::from(record.version),
+            session_id: record.session.map(|slot| self.session(slot).session_id),
         }
     }
 
@@ -965,7 +1164,7 @@ impl LeaseStateMachine {
         Ok(self
             .find_slot(tenant, &key.resource_id)
             .and_then(|slot| self.slab.get(slot))
-            .filter(|record| record.is_visible_at(now_ms, &self.limits))
+            .filter(|record| self.lease_state(record).is_visible_at(now_ms, &self.limits))
             .map(|record| self.view(record, now_ms)))
     }
 
@@ -1015,7 +1214,7 @@ impl LeaseStateMachine {
             examined += 1;
             last = Some((token, slot));
             if let Some(record) = self.slab.get(slot)
-                && record.is_visible_at(now_ms, &self.limits)
+                && self.lease_state(record).is_visible_at(now_ms, &self.limits)
             {
                 let view = self.view(record, now_ms);
                 if request.status.is_none_or(|status| status == view.status) {
@@ -1077,12 +1276,20 @@ impl LeaseStateMachine {
                 ));
             }
             let in_expiry = self.by_expiry.contains(&(record.indexed_expiry_ms, slot));
+            let bound = record.session.is_some();
+            if bound && (record.status != RecordStatus::Active || in_expiry) {
+                return Err(format!(
+                    "slot {slot}: bound to a session with status {:?}, in the expiry index {in_expiry}",
+                    record.status
+                ));
+            }
             if record.status == RecordStatus::Active
+                && !bound
                 && record.indexed_expiry_ms > record.expires_at_ms
             {
                 return Err(format!("slot {slot}: indexed after its expiry"));
             }
-            if (record.status == RecordStatus::Active) != in_expiry {
+            if (record.status == RecordStatus::Active && !bound) != in_expiry {
                 return Err(format!(
                     "slot {slot}: expiry index disagrees with status {:?}",
                     record.status
@@ -1111,12 +1318,14 @@ impl LeaseStateMachine {
                 self.by_tenant.len()
             ));
         }
-        if active != self.by_expiry.len() {
+        if active != self.by_expiry.len() + self.sessions.by_session.len() {
             return Err(format!(
-                "expiry index has {} entries for {active} active records",
-                self.by_expiry.len()
+                "expiry index has {} entries and sessions bind {} for {active} active records",
+                self.by_expiry.len(),
+                self.sessions.by_session.len()
             ));
         }
+        self.check_session_invariants()?;
         self.dedup.check()?;
         if inactive != self.inactive_count {
             return Err(format!(

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! "TENURESN"                 8 bytes magic
-//! format_version             u32 little-endian (currently 4)
+//! format_version             u32 little-endian (currently 5)
 //! frame*                     u32 little-endian length, then that many bytes of postcard
 //!   Meta                     counts of everything below, limits, counters, log time
 //!   TenantState   x tenants  in tenant-index order
@@ -15,6 +15,13 @@
 //!                            cannot be read: its records cannot be matched on identity)
 //!   ClusterMeta              (version 4) the cluster metadata: node table, revoked
 //!                            certificates, leader preferences (empty outside the metadata group)
+//!   SessionsMeta             (version 5) counts of the session frames below
+//!   Option<SessionRecord> x session slots, in slot order
+//!   Vec<u32>                 session free list, in chunks
+//!   Vec<u32>                 ended sessions kept for retention, in queue order, in chunks
+//!   Vec<(u32,u32)>           bindings (session slot, lease slot) in that order, in chunks: the
+//!                            lease records themselves do not name their session, so a version
+//!                            4 record reads unchanged
 //! checksum                   u64 little-endian XXH3-64 of every byte before it
 //! ```
 //!
@@ -30,6 +37,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use xxhash_rust::xxh3::Xxh3Default;
 
 use super::dedup::DedupRecord;
+use super::session::{SessionRecord, SessionStatus};
 use super::{LeaseRecord, LeaseStateMachine, RecordStatus, StateOptions, TenantState};
 use crate::cluster::ClusterMeta;
 use crate::ids::GroupId;
@@ -43,9 +51,12 @@ use crate::validate::{validate_holder_id, validate_resource_id, validate_tenant_
 ///   appended variant a version-2 reader cannot decode), so older builds refuse it by version.
 /// - 4: a last frame before the checksum carries the cluster metadata (group 0's node table);
 ///   versions 2 and 3 are read with an empty table.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
+/// - 5: the session frames follow the cluster metadata; versions 2 to 4 are read with no
+///   sessions. (Request-id outcomes may now hold the appended session replies and errors.)
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 5;
 
-/// The oldest snapshot format this build reads (2 and 3 share their layout; 4 adds a frame).
+/// The oldest snapshot format this build reads (2 and 3 share their layout; 4 adds a frame, 5
+/// the session frames).
 pub const SNAPSHOT_FORMAT_VERSION_MIN: u32 = 2;
 
 const MAGIC: &[u8; 8] = b"TENURESN";
@@ -121,6 +132,14 @@ struct Meta {
     dedup_front_sequence: u64,
 }
 
+#[derive(Debug, Serialize, Deserialize)]
+struct SessionsMeta {
+    slots: u32,
+    free_slots: u32,
+    ended_queue: u64,
+    bindings: u64,
+}
+
 struct HashingWriter<W> {
     inner: W,
     hasher: Xxh3Default,
@@ -184,6 +203,38 @@ impl<R: Read> HashingReader<R> {
     }
 }
 
+/// Reads a slab's free list (`free_slots` entries in chunks), each slot below `slots`, empty
+/// (`occupied` false) and listed once. `what` prefixes the messages ("", "session ").
+fn read_free_list<R: Read>(
+    input: &mut HashingReader<R>,
+    what: &str,
+    slots: u32,
+    free_slots: u32,
+    occupied: impl Fn(u32) -> bool,
+) -> Result<Vec<u32>, SnapshotError> {
+    let mut free = Vec::with_capacity(free_slots as usize);
+    let mut seen_free = vec![false; slots as usize];
+    while free.len() < free_slots as usize {
+        let chunk: Vec<u32> = input.frame(&format!("{what}free list"))?;
+        if chunk.is_empty() || free.len() + chunk.len() > free_slots as usize {
+            return Err(corrupt(format!("{what}free list length")));
+        }
+        for slot in chunk {
+            let Some(seen) = seen_free.get_mut(slot as usize) else {
+                return Err(corrupt(format!("free {what}slot {slot} out of range")));
+            };
+            if *seen || occupied(slot) {
+                return Err(corrupt(format!(
+                    "free {what}slot {slot} is occupied or listed twice"
+                )));
+            }
+            *seen = true;
+            free.push(slot);
+        }
+    }
+    Ok(free)
+}
+
 fn corrupt(message: impl Into<String>) -> SnapshotError {
     SnapshotError::Corrupt(message.into())
 }
@@ -241,6 +292,7 @@ impl LeaseStateMachine {
             out.frame(record)?;
         }
         out.frame(&self.cluster)?;
+        self.write_sessions(&mut out)?;
         let checksum = out.hasher.digest();
         out.inner
             .write_all(&checksum.to_le_bytes())
@@ -350,26 +402,9 @@ impl LeaseStateMachine {
             )));
         }
 
-        let mut free = Vec::with_capacity(meta.free_slots as usize);
-        let mut seen_free = vec![false; meta.slots as usize];
-        while free.len() < meta.free_slots as usize {
-            let chunk: Vec<u32> = input.frame("free list")?;
-            if chunk.is_empty() || free.len() + chunk.len() > meta.free_slots as usize {
-                return Err(corrupt("free list length"));
-            }
-            for slot in chunk {
-                let Some(seen) = seen_free.get_mut(slot as usize) else {
-                    return Err(corrupt(format!("free slot {slot} out of range")));
-                };
-                if *seen || state.slab.get(slot).is_some() {
-                    return Err(corrupt(format!(
-                        "free slot {slot} is occupied or listed twice"
-                    )));
-                }
-                *seen = true;
-                free.push(slot);
-            }
-        }
+        let free = read_free_list(&mut input, "", meta.slots, meta.free_slots, |slot| {
+            state.slab.get(slot).is_some()
+        })?;
         state.slab.set_free_list(free);
 
         let mut inactive_read = 0u64;
@@ -409,6 +444,9 @@ impl LeaseStateMachine {
             }
             state.cluster = cluster;
         }
+        if version >= 5 {
+            state.read_sessions(&mut input)?;
+        }
 
         let computed = input.hasher.digest();
         let mut stored = [0u8; 8];
@@ -423,6 +461,162 @@ impl LeaseStateMachine {
         }
         state.check_invariants().map_err(corrupt)?;
         Ok(state)
+    }
+
+    fn write_sessions<W: Write>(&self, out: &mut HashingWriter<W>) -> Result<(), SnapshotError> {
+        let sessions = &self.sessions;
+        let free_slots = u32::try_from(sessions.records.free_list().len())
+            .map_err(|_| corrupt("too many free session slots"))?;
+        out.frame(&SessionsMeta {
+            slots: sessions.records.high_water(),
+            free_slots,
+            ended_queue: sessions.ended.len() as u64,
+            bindings: sessions.by_session.len() as u64,
+        })?;
+        for (_, record) in sessions.records.iter_slots() {
+            out.frame(&record)?;
+        }
+        for chunk in sessions.records.free_list().chunks(LIST_CHUNK_ITEMS) {
+            out.frame(&chunk)?;
+        }
+        let mut chunk: Vec<u32> = Vec::new();
+        for &slot in &sessions.ended {
+            chunk.push(slot);
+            if chunk.len() == LIST_CHUNK_ITEMS {
+                out.frame(&chunk)?;
+                chunk.clear();
+            }
+        }
+        if !chunk.is_empty() {
+            out.frame(&chunk)?;
+        }
+        let mut chunk: Vec<(u32, u32)> = Vec::new();
+        for &binding in &sessions.by_session {
+            chunk.push(binding);
+            if chunk.len() == LIST_CHUNK_ITEMS {
+                out.frame(&chunk)?;
+                chunk.clear();
+            }
+        }
+        if !chunk.is_empty() {
+            out.frame(&chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the session frames into a state whose lease records are restored. Everything
+    /// derived (indexes, per-tenant counts) is rebuilt; `check_invariants` then cross-checks.
+    fn read_sessions<R: Read>(
+        &mut self,
+        input: &mut HashingReader<R>,
+    ) -> Result<(), SnapshotError> {
+        let meta: SessionsMeta = input.frame("sessions meta")?;
+        if meta.free_slots > meta.slots {
+            return Err(corrupt("more free session slots than session slots"));
+        }
+        for slot in 0..meta.slots {
+            let record: Option<SessionRecord> = input.frame("session")?;
+            if let Some(record) = &record {
+                let bad = |what: String| corrupt(format!("session slot {slot}: {what}"));
+                if record.tenant as usize >= self.tenants.len() {
+                    return Err(bad(format!("unknown tenant {}", record.tenant)));
+                }
+                validate_holder_id(&record.owner_id).map_err(|err| bad(err.to_string()))?;
+                if self
+                    .find_session(record.tenant, record.session_id)
+                    .is_some()
+                {
+                    return Err(bad("session appears twice".into()));
+                }
+            }
+            if self.sessions.records.push_restored(record) != Some(slot) {
+                return Err(corrupt("session slot numbering"));
+            }
+            let Some(record) = self.sessions.records.get(slot) else {
+                continue;
+            };
+            let (tenant, status, indexed, expires, bound) = (
+                record.tenant,
+                record.status,
+                record.indexed_expiry_ms,
+                record.expires_at_ms,
+                record.bound_leases,
+            );
+            self.index_session(slot);
+            match status {
+                SessionStatus::Active => {
+                    if indexed > expires {
+                        return Err(corrupt(format!(
+                            "session slot {slot}: indexed after its expiry"
+                        )));
+                    }
+                    self.sessions.by_expiry.insert((indexed, slot));
+                    let counts = &mut self.sessions.active_per_tenant;
+                    if counts.len() <= tenant as usize {
+                        counts.resize(tenant as usize + 1, 0);
+                    }
+                    counts[tenant as usize] += 1;
+                }
+                SessionStatus::Expired | SessionStatus::Closed if bound > 0 => {
+                    self.sessions.ending.insert((expires, slot));
+                }
+                SessionStatus::Expired | SessionStatus::Closed => {}
+            }
+        }
+        let free = read_free_list(input, "session ", meta.slots, meta.free_slots, |slot| {
+            self.sessions.records.get(slot).is_some()
+        })?;
+        self.sessions.records.set_free_list(free);
+        let mut ended_read = 0u64;
+        while ended_read < meta.ended_queue {
+            let chunk: Vec<u32> = input.frame("ended sessions")?;
+            if chunk.is_empty() || ended_read + chunk.len() as u64 > meta.ended_queue {
+                return Err(corrupt("ended session queue length"));
+            }
+            ended_read += chunk.len() as u64;
+            for slot in chunk {
+                match self.sessions.records.get(slot) {
+                    Some(record)
+                        if record.status != SessionStatus::Active && record.bound_leases == 0 => {}
+                    _ => {
+                        return Err(corrupt(format!(
+                            "ended session queue names slot {slot}, not an ended session"
+                        )));
+                    }
+                }
+                self.sessions.ended.push_back(slot);
+            }
+        }
+        let mut bindings_read = 0u64;
+        while bindings_read < meta.bindings {
+            let chunk: Vec<(u32, u32)> = input.frame("session bindings")?;
+            if chunk.is_empty() || bindings_read + chunk.len() as u64 > meta.bindings {
+                return Err(corrupt("session bindings length"));
+            }
+            bindings_read += chunk.len() as u64;
+            for (session_slot, lease_slot) in chunk {
+                if self.sessions.records.get(session_slot).is_none() {
+                    return Err(corrupt(format!(
+                        "binding names empty session slot {session_slot}"
+                    )));
+                }
+                let Some(lease) = self.slab.get_mut(lease_slot) else {
+                    return Err(corrupt(format!(
+                        "binding names empty lease slot {lease_slot}"
+                    )));
+                };
+                if lease.status != RecordStatus::Active || lease.session.is_some() {
+                    return Err(corrupt(format!(
+                        "binding names lease slot {lease_slot}, not an unbound active lease"
+                    )));
+                }
+                lease.session = Some(session_slot);
+                let indexed = lease.indexed_expiry_ms;
+                self.by_expiry.remove(&(indexed, lease_slot));
+                self.sessions.by_session.insert((session_slot, lease_slot));
+            }
+        }
+        Ok(())
     }
 
     fn check_restored_record(&self, slot: u32, record: &LeaseRecord) -> Result<(), SnapshotError> {

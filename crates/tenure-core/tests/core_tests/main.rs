@@ -6,5 +6,6 @@ mod common;
 mod model;
 mod operations;
 mod quotas;
+mod sessions;
 mod snapshot;
 mod transfer;

@@ -219,7 +219,9 @@ impl Model {
         now: u64,
         reclaimed: &mut Vec<(String, String)>,
     ) -> LeaseOutcome {
-        let key = op.key();
+        let key = op
+            .key()
+            .expect("the model generates resource operations only");
         let dedup_key = (
             key.tenant_id.clone(),
             key.resource_id.clone(),
@@ -242,6 +244,12 @@ impl Model {
                 Some(r.ttl_ms),
                 Some(r.new_holder_id.clone()),
             ),
+            LeaseOp::SessionOpen(_)
+            | LeaseOp::SessionKeepAlive(_)
+            | LeaseOp::SessionClose(_)
+            | LeaseOp::AcquireInSession(_) => {
+                unreachable!("the model generates no session operations (tests/sessions.rs)")
+            }
         };
         if let Some((at, fp, outcome)) = self.dedup.get(&dedup_key)
             && at + self.limits.dedup_retention_ms > now
@@ -265,6 +273,10 @@ impl Model {
             LeaseOp::Renew(r) => self.renew(r, now),
             LeaseOp::Release(r) => self.release(r, now),
             LeaseOp::Transfer(r) => self.transfer(r, now),
+            LeaseOp::SessionOpen(_)
+            | LeaseOp::SessionKeepAlive(_)
+            | LeaseOp::SessionClose(_)
+            | LeaseOp::AcquireInSession(_) => unreachable!("no session operations in the model"),
         };
         self.dedup
             .insert(dedup_key, (now, fingerprint, result.clone()));
@@ -297,7 +309,9 @@ impl Model {
             Ok(LeaseReply::Released(receipt)) => {
                 return ended(ReplayStatus::Released, receipt.released_at_ms);
             }
-            Err(_) => return ended(ReplayStatus::NotAGrant, now),
+            Ok(LeaseReply::SessionKept(_) | LeaseReply::SessionClosed(_)) | Err(_) => {
+                return ended(ReplayStatus::NotAGrant, now);
+            }
         };
         let Some(record) = self
             .records
@@ -506,7 +520,10 @@ impl SafetyChecker {
         outcome: &LeaseOutcome,
         now: u64,
     ) -> Result<(), TestCaseError> {
-        let key = (op.key().tenant_id.clone(), op.key().resource_id.clone());
+        let op_key = op
+            .key()
+            .expect("the model generates resource operations only");
+        let key = (op_key.tenant_id.clone(), op_key.resource_id.clone());
         let request = (key.0.clone(), key.1.clone(), op.request_id().to_owned());
         if outcome.replayed {
             let first = self.first_outcomes.get(&request);
@@ -567,6 +584,9 @@ impl SafetyChecker {
                 let current = current.unwrap();
                 prop_assert_eq!(current.0, receipt.fencing_token);
                 current.2 = now;
+            }
+            Ok(LeaseReply::SessionKept(_) | LeaseReply::SessionClosed(_)) => {
+                prop_assert!(false, "a session reply to {:?}", op);
             }
             Ok(LeaseReply::Transferred(receipt)) => {
                 // The old lease ends and the new one starts at the same log time: the holder
@@ -741,6 +761,7 @@ impl Run {
             (Ok(LeaseReply::Renewed(_)), _) => "renewed",
             (Ok(LeaseReply::Released(_)), _) => "released",
             (Ok(LeaseReply::Transferred(_)), _) => "transferred",
+            (Ok(LeaseReply::SessionKept(_) | LeaseReply::SessionClosed(_)), _) => "session",
             (Err(e), _) => e.code().as_str(),
         };
         if !self.model_enabled {

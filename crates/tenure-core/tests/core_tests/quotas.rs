@@ -200,6 +200,9 @@ fn quota_bounds_hold_when_a_full_group_restarts_and_replays() {
                     QuotaKind::TenantActiveLeases => "tenant active leases",
                     QuotaKind::GroupLeaseRecords => "group lease records",
                     QuotaKind::GroupTenants => "group tenants",
+                    QuotaKind::GroupSessions | QuotaKind::TenantSessions => {
+                        panic!("no sessions here: {err:?}")
+                    }
                 },
                 (ErrorCode::Overloaded, _) => "overloaded (request-id table full)",
                 _ => panic!("unexpected {err:?}"),

@@ -21,7 +21,8 @@ use tenure_core::{
     AcquireRequest, ClusterChange, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, GroupId,
     LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply, LeaseStatus, LeaseView, ListPage,
     ListRequest, NodeAddresses, NodeRecord, NodeState, OverloadReason, QuotaKind, ReleaseReceipt,
-    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey, TransferReceipt,
+    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey, SessionAcquireRequest,
+    SessionGrant, SessionId, SessionOpenRequest, SessionReceipt, SessionRequest, TransferReceipt,
     TransferRequest,
 };
 use tenure_golden::Golden;
@@ -88,6 +89,7 @@ fn view() -> LeaseView {
         remaining_ttl_ms: 12_345,
         ttl_ms: 30_000,
         version: 3,
+        session_id: None,
     }
 }
 
@@ -191,7 +193,46 @@ fn every_lease_error() -> Vec<(&'static str, LeaseError)> {
                 reason: OverloadReason::DedupTableFull,
             },
         ),
+        (
+            "quota_group_sessions",
+            LeaseError::QuotaExceeded {
+                kind: QuotaKind::GroupSessions,
+                limit: 65_536,
+            },
+        ),
+        (
+            "quota_tenant_sessions",
+            LeaseError::QuotaExceeded {
+                kind: QuotaKind::TenantSessions,
+                limit: 4_000,
+            },
+        ),
+        (
+            "session_not_found",
+            LeaseError::SessionNotFound {
+                session_id: session_id(),
+            },
+        ),
+        (
+            "session_expired",
+            LeaseError::SessionExpired {
+                session_id: session_id(),
+            },
+        ),
     ]
+}
+
+fn session_id() -> SessionId {
+    SessionId(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff)
+}
+
+fn session_request() -> SessionRequest {
+    SessionRequest {
+        tenant_id: "acme".into(),
+        group_id: GroupId(7),
+        session_id: session_id(),
+        owner_id: "worker-1".into(),
+    }
 }
 
 /// Every request kind (and the shapes of principal and flags).
@@ -247,6 +288,45 @@ fn requests() -> Vec<(&'static str, Request)> {
             request(12, RequestBody::Lease(LeaseOp::Transfer(transfer()))),
         ),
         ("get", request(6, RequestBody::Get { key: key() })),
+        (
+            "session_open",
+            request(
+                20,
+                RequestBody::Lease(LeaseOp::SessionOpen(SessionOpenRequest {
+                    tenant_id: "acme".into(),
+                    group_id: GroupId(7),
+                    session_id: session_id(),
+                    owner_id: "worker-1".into(),
+                    ttl_ms: 30_000,
+                })),
+            ),
+        ),
+        (
+            "session_keepalive",
+            request(
+                21,
+                RequestBody::Lease(LeaseOp::SessionKeepAlive(session_request())),
+            ),
+        ),
+        (
+            "session_close",
+            request(
+                22,
+                RequestBody::Lease(LeaseOp::SessionClose(session_request())),
+            ),
+        ),
+        (
+            "acquire_in_session",
+            request(
+                23,
+                RequestBody::Lease(LeaseOp::AcquireInSession(SessionAcquireRequest {
+                    key: key(),
+                    holder_id: "worker-1".into(),
+                    session_id: session_id(),
+                    request_id: "req-9".into(),
+                })),
+            ),
+        ),
         (
             "check_fence",
             request(
@@ -517,6 +597,54 @@ fn responses() -> Vec<(&'static str, Response)> {
                     stale: true,
                     group_id: 7,
                 }),
+            ),
+        ),
+        (
+            "get_bound_to_session",
+            ok(
+                24,
+                ResponseBody::Get(GetResult {
+                    view: Some(LeaseView {
+                        session_id: Some(session_id()),
+                        ..view()
+                    }),
+                    log_time_ms: 1_700_000_017_655,
+                    stale: false,
+                    group_id: 7,
+                }),
+            ),
+        ),
+        (
+            "session_kept",
+            ok(
+                20,
+                ResponseBody::Lease(lease(
+                    LeaseReply::SessionKept(SessionGrant {
+                        session_id: session_id(),
+                        group_id: GroupId(7),
+                        log_time_ms: 1_700_000_000_000,
+                        expires_at_ms: 1_700_000_030_000,
+                        ttl_ms: 30_000,
+                        created: true,
+                        bound_leases: 12,
+                    }),
+                    false,
+                )),
+            ),
+        ),
+        (
+            "session_closed",
+            ok(
+                22,
+                ResponseBody::Lease(lease(
+                    LeaseReply::SessionClosed(SessionReceipt {
+                        session_id: session_id(),
+                        group_id: GroupId(7),
+                        closed_at_ms: 1_700_000_040_000,
+                        leases_ended: 12,
+                    }),
+                    false,
+                )),
             ),
         ),
         (

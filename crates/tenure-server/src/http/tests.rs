@@ -345,6 +345,7 @@ fn view(tenant: &str, resource: &str, sequence: u64, status: LeaseStatus) -> Lea
         remaining_ttl_ms: if active { 20_000 } else { 0 },
         ttl_ms: 30_000,
         version: 1,
+        session_id: None,
     }
 }
 

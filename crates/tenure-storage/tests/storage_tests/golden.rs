@@ -37,7 +37,8 @@ use serde::de::DeserializeOwned;
 use tenure_core::{
     AcquireRequest, ClusterOp, Command, CommandResult, Entry, FounderNode, GroupId, GroupLimits,
     LeaseId, LeaseOp, LeaseStateMachine, NodeAddresses, NodeState, ReleaseRequest, RenewRequest,
-    ResourceKey, SNAPSHOT_FORMAT_VERSION, StateOptions, TenantPolicy, TransferRequest,
+    ResourceKey, SNAPSHOT_FORMAT_VERSION, SessionAcquireRequest, SessionId, SessionOpenRequest,
+    SessionRequest, StateOptions, TenantPolicy, TransferRequest,
 };
 use tenure_golden::Golden;
 use tenure_storage::{LogEntry, TenureRaft, codec};
@@ -206,7 +207,48 @@ fn commands() -> Vec<(&'static str, Command)> {
                     .collect(),
             }),
         ),
+        // Added with sessions (value format 4, peer protocol 5, snapshot format 5), last again.
+        (
+            "lease_session_open",
+            Command::Lease(LeaseOp::SessionOpen(SessionOpenRequest {
+                tenant_id: "acme".into(),
+                group_id: GroupId(7),
+                session_id: SessionId(0x5e55),
+                owner_id: "worker-1".into(),
+                ttl_ms: 30_000,
+            })),
+        ),
+        (
+            "lease_session_keepalive",
+            Command::Lease(LeaseOp::SessionKeepAlive(session_request())),
+        ),
+        (
+            "lease_session_close",
+            Command::Lease(LeaseOp::SessionClose(session_request())),
+        ),
+        (
+            "lease_acquire_in_session",
+            Command::Lease(acquire_in_session("job", "req-8")),
+        ),
     ]
+}
+
+fn session_request() -> SessionRequest {
+    SessionRequest {
+        tenant_id: "acme".into(),
+        group_id: GroupId(7),
+        session_id: SessionId(0x5e55),
+        owner_id: "worker-1".into(),
+    }
+}
+
+fn acquire_in_session(resource: &str, request: &str) -> LeaseOp {
+    LeaseOp::AcquireInSession(SessionAcquireRequest {
+        key: key(resource),
+        holder_id: "worker-1".into(),
+        session_id: SessionId(0x5e55),
+        request_id: request.into(),
+    })
 }
 
 fn node_addresses(node_id: u64) -> NodeAddresses {
@@ -351,6 +393,10 @@ fn log_entries_and_raft_metadata_bytes_are_pinned() {
     // And one written by value format 2 (before RecordFounders).
     let legacy = golden.legacy("legacy_v2_log_batch");
     assert_eq!(codec::value_format_version(&legacy), Ok(2));
+    assert_eq!(codec::decode::<LogEntry>(&legacy).unwrap(), batch);
+    // And one written by value format 3 (before sessions).
+    let legacy = golden.legacy("legacy_v3_log_batch");
+    assert_eq!(codec::value_format_version(&legacy), Ok(3));
     assert_eq!(codec::decode::<LogEntry>(&legacy).unwrap(), batch);
     finish(golden);
 }
@@ -557,6 +603,56 @@ fn state_after_transfer() -> LeaseStateMachine {
     machine
 }
 
+/// [`small_state`] and then sessions: one open with two bound leases, one closed with a bound
+/// lease not yet reclaimed, and one closed and emptied (kept for retention).
+fn state_with_sessions() -> LeaseStateMachine {
+    let mut machine = small_state();
+    let open = |session: u128| {
+        Command::Lease(LeaseOp::SessionOpen(SessionOpenRequest {
+            tenant_id: "acme".into(),
+            group_id: GroupId(7),
+            session_id: SessionId(session),
+            owner_id: "worker-1".into(),
+            ttl_ms: 30_000,
+        }))
+    };
+    let close = |session: u128| {
+        Command::Lease(LeaseOp::SessionClose(SessionRequest {
+            session_id: SessionId(session),
+            ..session_request()
+        }))
+    };
+    let bound = |resource: &str, session: u128, request: &str| {
+        Command::Lease(LeaseOp::AcquireInSession(SessionAcquireRequest {
+            key: key(resource),
+            holder_id: "worker-1".into(),
+            session_id: SessionId(session),
+            request_id: request.into(),
+        }))
+    };
+    let steps = [
+        open(0x5e55),
+        open(0x5e56),
+        open(0x5e57),
+        bound("job-1", 0x5e55, "req-s1"),
+        bound("job-2", 0x5e55, "req-s2"),
+        bound("job-3", 0x5e56, "req-s3"),
+        bound("job-4", 0x5e56, "req-s4"),
+        close(0x5e56),
+        Command::Expire { leases_max: 1 },
+        close(0x5e57),
+        Command::Lease(LeaseOp::SessionKeepAlive(session_request())),
+    ];
+    for (step, command) in steps.into_iter().enumerate() {
+        let log_time_ms = 1_700_000_030_000 + 100 * u64::try_from(step).unwrap();
+        machine.apply(&Entry {
+            log_time_ms,
+            command,
+        });
+    }
+    machine
+}
+
 #[test]
 fn snapshot_bytes_are_pinned() {
     let mut golden = golden("snapshot");
@@ -602,6 +698,34 @@ fn snapshot_bytes_are_pinned() {
         ),
         Err(error) => golden.failure(format!(
             "legacy_v3_snapshot_small_state: a format-3 snapshot no longer reads: {error}"
+        )),
+    }
+    // A snapshot written by format 4 (before sessions) is read with no sessions.
+    let legacy = golden.legacy("legacy_v4_snapshot_small_state");
+    match LeaseStateMachine::read_snapshot(legacy.as_slice(), StateOptions::default()) {
+        Ok(restored) => assert_eq!(
+            restored.snapshot_to_vec(),
+            machine.snapshot_to_vec(),
+            "the format-4 snapshot restores the same state"
+        ),
+        Err(error) => golden.failure(format!(
+            "legacy_v4_snapshot_small_state: a format-4 snapshot no longer reads: {error}"
+        )),
+    }
+    let with_sessions = state_with_sessions();
+    assert_eq!(
+        with_sessions.stats().active_leases,
+        4,
+        "the fixture's session-bound leases must have applied"
+    );
+    let committed = golden.bytes("snapshot_with_sessions", &with_sessions.snapshot_to_vec());
+    match LeaseStateMachine::read_snapshot(committed.as_slice(), StateOptions::default()) {
+        Ok(restored) if restored.snapshot_to_vec() == committed => {}
+        Ok(_) => golden.failure(
+            "snapshot_with_sessions: restoring and snapshotting again changed the bytes".to_owned(),
+        ),
+        Err(error) => golden.failure(format!(
+            "snapshot_with_sessions: the committed snapshot no longer reads: {error}"
         )),
     }
     let metadata = metadata_group_state();

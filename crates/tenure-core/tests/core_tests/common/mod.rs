@@ -5,7 +5,8 @@
 use tenure_core::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, GroupId, GroupLimits, LeaseError,
     LeaseGrant, LeaseId, LeaseOp, LeaseOutcome, LeaseReply, LeaseStateMachine, LeaseView,
-    ReleaseReceipt, ReleaseRequest, RenewRequest, ResourceKey, StateOptions, TransferReceipt,
+    ReleaseReceipt, ReleaseRequest, RenewRequest, ResourceKey, SessionAcquireRequest, SessionGrant,
+    SessionId, SessionOpenRequest, SessionReceipt, SessionRequest, StateOptions, TransferReceipt,
     TransferRequest,
 };
 
@@ -135,6 +136,57 @@ impl Harness {
         })
     }
 
+    pub fn open_session(
+        &mut self,
+        session: u128,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<SessionGrant, LeaseError> {
+        self.op(session_open_op(session, owner, ttl_ms))
+            .result
+            .map(|reply| match reply {
+                LeaseReply::SessionKept(grant) => grant,
+                other => panic!("open answered {other:?}"),
+            })
+    }
+
+    pub fn keep_alive(&mut self, session: u128, owner: &str) -> Result<SessionGrant, LeaseError> {
+        self.op(LeaseOp::SessionKeepAlive(session_request(session, owner)))
+            .result
+            .map(|reply| match reply {
+                LeaseReply::SessionKept(grant) => grant,
+                other => panic!("keep-alive answered {other:?}"),
+            })
+    }
+
+    pub fn close_session(
+        &mut self,
+        session: u128,
+        owner: &str,
+    ) -> Result<SessionReceipt, LeaseError> {
+        self.op(LeaseOp::SessionClose(session_request(session, owner)))
+            .result
+            .map(|reply| match reply {
+                LeaseReply::SessionClosed(receipt) => receipt,
+                other => panic!("close answered {other:?}"),
+            })
+    }
+
+    pub fn acquire_in_session(
+        &mut self,
+        resource: &str,
+        owner: &str,
+        session: u128,
+    ) -> Result<LeaseGrant, LeaseError> {
+        let request_id = self.fresh_request_id();
+        self.op(session_acquire_op(resource, owner, session, &request_id))
+            .result
+            .map(|reply| match reply {
+                LeaseReply::Acquired(grant) => grant,
+                other => panic!("acquire in session answered {other:?}"),
+            })
+    }
+
     pub fn get(&self, resource: &str) -> Option<LeaseView> {
         self.state.get(&key(resource), self.now_ms).unwrap()
     }
@@ -192,6 +244,34 @@ pub fn transfer_op(
         holder_id: holder.to_owned(),
         new_holder_id: new_holder.to_owned(),
         ttl_ms,
+        request_id: request_id.to_owned(),
+    })
+}
+
+pub fn session_open_op(session: u128, owner: &str, ttl_ms: u64) -> LeaseOp {
+    LeaseOp::SessionOpen(SessionOpenRequest {
+        tenant_id: TENANT.to_owned(),
+        group_id: GROUP,
+        session_id: SessionId(session),
+        owner_id: owner.to_owned(),
+        ttl_ms,
+    })
+}
+
+pub fn session_request(session: u128, owner: &str) -> SessionRequest {
+    SessionRequest {
+        tenant_id: TENANT.to_owned(),
+        group_id: GROUP,
+        session_id: SessionId(session),
+        owner_id: owner.to_owned(),
+    }
+}
+
+pub fn session_acquire_op(resource: &str, owner: &str, session: u128, request_id: &str) -> LeaseOp {
+    LeaseOp::AcquireInSession(SessionAcquireRequest {
+        key: key(resource),
+        holder_id: owner.to_owned(),
+        session_id: SessionId(session),
         request_id: request_id.to_owned(),
     })
 }

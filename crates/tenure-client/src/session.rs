@@ -1,0 +1,496 @@
+//! [`Session`]: one keep-alive per group for all of a client's leases in that group.
+//!
+//! A session is kept per Raft group (contract, sessions section): the first acquire in a group
+//! opens the session's record there, and a background task per group keeps that record alive
+//! with one `SessionKeepAlive` every third of the ttl, however many leases the session holds in
+//! the group. So renewal cost grows with (session, group) pairs, not with leases, and a group
+//! that loses its quorum ends only that group's leases: [`Session::lost`] names the group and
+//! exactly the leases that went with it, while the other groups carry on.
+//!
+//! The safe deadline is per group: `send time of the last confirmed keep-alive (or open) +
+//! safe_window(ttl)`, the lease formula of the contract's section 5 with the session's ttl.
+//! A group's loss is signalled `loss_signal_lead` before that deadline when no keep-alive was
+//! confirmed, or at once when the group answers that the session ended there.
+//!
+//! Must not depend on: the renewer (sessions renew nothing lease by lease) or connections
+//! (everything goes through [`Client`]'s calls).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tenure_core::{
+    ErrorCode, GroupId, LeaseId, LeaseOp, LeaseReply, ReleaseRequest, ResourceKey,
+    SessionAcquireRequest, SessionId, SessionOpenRequest, SessionRequest,
+};
+use tenure_proto::client::{RequestBody, RequestFlags, ResponseBody};
+use tokio::sync::{mpsc, watch};
+
+use crate::client::Client;
+use crate::error::ClientError;
+
+/// A lease held under a [`Session`]: it has no ttl of its own and is valid exactly while its
+/// group's record of the session is ([`Session::is_valid`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionLease {
+    /// The resource.
+    pub key: ResourceKey,
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Its fencing token: pass it to every system written to.
+    pub fencing_token: u64,
+    /// The group that holds it (and the session record it is bound to).
+    pub group_id: u32,
+}
+
+/// A group in which the session ended, and the leases that ended with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionLoss {
+    /// The group.
+    pub group_id: u32,
+    /// Why: the group's answer, or that no keep-alive was confirmed before the safe deadline.
+    pub reason: String,
+    /// Every lease the session held in that group when it was lost.
+    pub leases: Vec<SessionLease>,
+}
+
+#[derive(Debug)]
+struct GroupRecord {
+    /// Send time of the last confirmed open or keep-alive.
+    confirmed_sent_at: Instant,
+    /// `confirmed_sent_at + safe_window(ttl)`.
+    safe_deadline: Instant,
+    leases: BTreeMap<ResourceKey, SessionLease>,
+    lost: bool,
+}
+
+#[derive(Debug)]
+struct SessionInner {
+    client: Client,
+    tenant_id: String,
+    owner_id: String,
+    session_id: SessionId,
+    ttl_ms: u64,
+    groups: Mutex<BTreeMap<u32, GroupRecord>>,
+    /// One loss per group at most, so a channel as large as the group count never fills.
+    losses_tx: mpsc::Sender<SessionLoss>,
+    losses_rx: tokio::sync::Mutex<mpsc::Receiver<SessionLoss>>,
+    stop_tx: watch::Sender<bool>,
+    closed: AtomicBool,
+    /// Serialises opening the record of one group (two acquires must not open it twice).
+    opening: tokio::sync::Mutex<()>,
+}
+
+/// A session: one owner, one ttl, records in every group it holds leases in, each kept alive in
+/// the background. Cheap to clone (clones share the session). Dropping every clone stops the
+/// keep-alives; the records then expire after the ttl and their leases with them. Call
+/// [`Session::close`] to end them at once.
+#[derive(Debug, Clone)]
+pub struct Session {
+    inner: Arc<SessionInner>,
+}
+
+impl Drop for SessionInner {
+    fn drop(&mut self) {
+        let _ = self.stop_tx.send(true);
+    }
+}
+
+impl Client {
+    /// Starts a session of `owner_id` for `tenant_id` with a ttl within the tenant's lease ttl
+    /// bounds. Nothing is sent yet: each group's record is opened by the first
+    /// [`Session::acquire`] of a resource in that group.
+    pub fn session(
+        &self,
+        tenant_id: impl Into<String>,
+        owner_id: impl Into<String>,
+        ttl: Duration,
+    ) -> Result<Session, ClientError> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        if ttl_ms == 0 {
+            return Err(ClientError::InvalidRequest(
+                "a session needs a ttl above zero".into(),
+            ));
+        }
+        let groups = self.routing().groups.max(1) as usize;
+        let (losses_tx, losses_rx) = mpsc::channel(groups);
+        let (stop_tx, _) = watch::channel(false);
+        Ok(Session {
+            inner: Arc::new(SessionInner {
+                client: self.clone(),
+                tenant_id: tenant_id.into(),
+                owner_id: owner_id.into(),
+                session_id: SessionId(rand::random::<u128>()),
+                ttl_ms,
+                groups: Mutex::new(BTreeMap::new()),
+                losses_tx,
+                losses_rx: tokio::sync::Mutex::new(losses_rx),
+                stop_tx,
+                closed: AtomicBool::new(false),
+                opening: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+}
+
+impl Session {
+    /// The session's id.
+    pub fn id(&self) -> SessionId {
+        self.inner.session_id
+    }
+
+    /// The session's ttl.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.inner.ttl_ms)
+    }
+
+    /// The groups the session is open in, and whether each is lost.
+    pub fn groups(&self) -> Vec<(u32, bool)> {
+        self.with_groups(|groups| groups.iter().map(|(&g, r)| (g, r.lost)).collect())
+    }
+
+    /// The safe deadline of the session's record in `group_id` (`None` if never opened there).
+    /// Every lease of the session in that group is safe to act on until then.
+    pub fn safe_deadline(&self, group_id: u32) -> Option<Instant> {
+        self.with_groups(|groups| groups.get(&group_id).map(|r| r.safe_deadline))
+    }
+
+    /// Whether `lease` may still be acted on: its group's record is not lost, the lease is still
+    /// held through this session, and the group's safe deadline has not passed.
+    pub fn is_valid(&self, lease: &SessionLease) -> bool {
+        let now = crate::time::now();
+        self.with_groups(|groups| {
+            groups.get(&lease.group_id).is_some_and(|record| {
+                !record.lost
+                    && now < record.safe_deadline
+                    && record
+                        .leases
+                        .get(&lease.key)
+                        .is_some_and(|held| held.lease_id == lease.lease_id)
+            })
+        })
+    }
+
+    /// The next group lost: waits until one is. Each lost group is reported once.
+    pub async fn lost(&self) -> SessionLoss {
+        let mut receiver = self.inner.losses_rx.lock().await;
+        match receiver.recv().await {
+            Some(loss) => loss,
+            // The sender lives in `inner`, which this handle keeps alive.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Acquires `resource_id` bound to this session: opens the session in the resource's group
+    /// first if it is not open there yet. The lease lives as long as the group's record.
+    pub async fn acquire(
+        &self,
+        resource_id: impl Into<String>,
+    ) -> Result<SessionLease, ClientError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(ClientError::InvalidRequest("the session is closed".into()));
+        }
+        let key = ResourceKey::new(self.inner.tenant_id.clone(), resource_id.into());
+        let group_id = self.inner.client.group_of(&key).await?;
+        self.ensure_open(group_id).await?;
+        let body = RequestBody::Lease(LeaseOp::AcquireInSession(SessionAcquireRequest {
+            key: key.clone(),
+            holder_id: self.inner.owner_id.clone(),
+            session_id: self.inner.session_id,
+            request_id: self.inner.client.new_request_id(),
+        }));
+        let result = match self.call(group_id, body).await? {
+            ResponseBody::Lease(result) => result,
+            _ => return Err(protocol("AcquireInSession")),
+        };
+        let LeaseReply::Acquired(grant) = result.reply else {
+            return Err(protocol("AcquireInSession"));
+        };
+        let lease = SessionLease {
+            key: key.clone(),
+            lease_id: grant.lease_id,
+            fencing_token: grant.fencing_token,
+            group_id,
+        };
+        let registered = self.with_groups(|groups| match groups.get_mut(&group_id) {
+            Some(record) if !record.lost => {
+                record.leases.insert(key, lease.clone());
+                true
+            }
+            _ => false,
+        });
+        if !registered {
+            return Err(ClientError::Server {
+                code: ErrorCode::LeaseExpired,
+                message: format!("the session was lost in group {group_id} during the acquire"),
+                retryable: false,
+                lease_error: None,
+                retry_after_ms: None,
+            });
+        }
+        Ok(lease)
+    }
+
+    /// Releases one lease of the session now (the session stays open).
+    pub async fn release(&self, lease: &SessionLease) -> Result<(), ClientError> {
+        self.with_groups(|groups| {
+            if let Some(record) = groups.get_mut(&lease.group_id) {
+                record.leases.remove(&lease.key);
+            }
+        });
+        let body = RequestBody::Lease(LeaseOp::Release(ReleaseRequest {
+            key: lease.key.clone(),
+            lease_id: lease.lease_id,
+            holder_id: self.inner.owner_id.clone(),
+            request_id: self.inner.client.new_request_id(),
+        }));
+        match self.call(lease.group_id, body).await? {
+            ResponseBody::Lease(_) => Ok(()),
+            _ => Err(protocol("Release")),
+        }
+    }
+
+    /// Closes the session in every group it is open in: its leases end at once. Stops the
+    /// keep-alives first. The first failure is returned after every group was tried.
+    pub async fn close(&self) -> Result<(), ClientError> {
+        self.inner.closed.store(true, Ordering::Release);
+        let _ = self.inner.stop_tx.send(true);
+        let groups: Vec<u32> = self.with_groups(|groups| {
+            groups
+                .iter_mut()
+                .filter(|(_, r)| !r.lost)
+                .map(|(&g, r)| {
+                    r.lost = true;
+                    g
+                })
+                .collect()
+        });
+        let mut first_error = None;
+        for group_id in groups {
+            let body = RequestBody::Lease(LeaseOp::SessionClose(self.request(group_id)));
+            match self.call(group_id, body).await {
+                Ok(ResponseBody::Lease(_)) => {}
+                // Already ended there: nothing left to close.
+                Err(ClientError::Server {
+                    code: ErrorCode::LeaseExpired | ErrorCode::NotFound,
+                    ..
+                }) => {}
+                Ok(_) => first_error = first_error.or(Some(protocol("SessionClose"))),
+                Err(error) => first_error = first_error.or(Some(error)),
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn request(&self, group_id: u32) -> SessionRequest {
+        SessionRequest {
+            tenant_id: self.inner.tenant_id.clone(),
+            group_id: GroupId(group_id),
+            session_id: self.inner.session_id,
+            owner_id: self.inner.owner_id.clone(),
+        }
+    }
+
+    async fn call(&self, group_id: u32, body: RequestBody) -> Result<ResponseBody, ClientError> {
+        self.inner
+            .client
+            .call(
+                Some(group_id),
+                body,
+                RequestFlags::default(),
+                Some(&self.inner.tenant_id),
+            )
+            .await
+    }
+
+    fn with_groups<T>(&self, f: impl FnOnce(&mut BTreeMap<u32, GroupRecord>) -> T) -> T {
+        with_groups(&self.inner, f)
+    }
+
+    /// Opens the session's record in `group_id` unless it is open, and starts its keep-alive.
+    async fn ensure_open(&self, group_id: u32) -> Result<(), ClientError> {
+        let _opening = self.inner.opening.lock().await;
+        let state = self.with_groups(|groups| groups.get(&group_id).map(|r| r.lost));
+        match state {
+            Some(false) => return Ok(()),
+            Some(true) => {
+                // A session never comes back in a group where it ended.
+                return Err(ClientError::Server {
+                    code: ErrorCode::LeaseExpired,
+                    message: format!("the session was lost in group {group_id}"),
+                    retryable: false,
+                    lease_error: None,
+                    retry_after_ms: None,
+                });
+            }
+            None => {}
+        }
+        let sent_at = crate::time::now();
+        let body = RequestBody::Lease(LeaseOp::SessionOpen(SessionOpenRequest {
+            tenant_id: self.inner.tenant_id.clone(),
+            group_id: GroupId(group_id),
+            session_id: self.inner.session_id,
+            owner_id: self.inner.owner_id.clone(),
+            ttl_ms: self.inner.ttl_ms,
+        }));
+        match self.call(group_id, body).await? {
+            ResponseBody::Lease(result) if matches!(result.reply, LeaseReply::SessionKept(_)) => {}
+            _ => return Err(protocol("SessionOpen")),
+        }
+        let window = self
+            .inner
+            .client
+            .config()
+            .safety
+            .safe_window(self.inner.ttl_ms);
+        self.with_groups(|groups| {
+            groups.insert(
+                group_id,
+                GroupRecord {
+                    confirmed_sent_at: sent_at,
+                    safe_deadline: sent_at + window,
+                    leases: BTreeMap::new(),
+                    lost: false,
+                },
+            );
+        });
+        let inner = Arc::downgrade(&self.inner);
+        let stop = self.inner.stop_tx.subscribe();
+        tokio::spawn(keep_group_alive(inner, group_id, stop));
+        Ok(())
+    }
+}
+
+fn with_groups<T>(inner: &SessionInner, f: impl FnOnce(&mut BTreeMap<u32, GroupRecord>) -> T) -> T {
+    match inner.groups.lock() {
+        Ok(mut groups) => f(&mut groups),
+        Err(poisoned) => f(&mut poisoned.into_inner()),
+    }
+}
+
+fn protocol(what: &str) -> ClientError {
+    ClientError::Protocol(format!("{what} answered with another kind"))
+}
+
+/// Marks the group lost (once) and reports it with the leases it held.
+fn report_loss(inner: &SessionInner, group_id: u32, reason: String) {
+    let leases = with_groups(inner, |groups| match groups.get_mut(&group_id) {
+        Some(record) if !record.lost => {
+            record.lost = true;
+            Some(std::mem::take(&mut record.leases).into_values().collect())
+        }
+        _ => None,
+    });
+    if let Some(leases) = leases {
+        let _ = inner.losses_tx.try_send(SessionLoss {
+            group_id,
+            reason,
+            leases,
+        });
+    }
+}
+
+/// The keep-alive loop of one group: one `SessionKeepAlive` a third of the ttl after the send
+/// time of the last confirmed one; retries until `loss_signal_lead` before the safe deadline,
+/// then reports the group lost. Holds only a weak reference, so dropping the session stops it.
+async fn keep_group_alive(
+    inner: std::sync::Weak<SessionInner>,
+    group_id: u32,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let Some(session) = inner.upgrade() else {
+            return;
+        };
+        if *stop.borrow() {
+            return;
+        }
+        let ttl = Duration::from_millis(session.ttl_ms);
+        let config = session.client.config().clone();
+        let lead = config.renew.loss_signal_lead.min(ttl / 10);
+        let Some((confirmed_sent_at, safe_deadline)) = with_groups(&session, |groups| {
+            groups
+                .get(&group_id)
+                .filter(|r| !r.lost)
+                .map(|r| (r.confirmed_sent_at, r.safe_deadline))
+        }) else {
+            return;
+        };
+        let due = confirmed_sent_at + ttl / 3;
+        let give_up_at = safe_deadline.checked_sub(lead).unwrap_or(safe_deadline);
+        let client = session.client.clone();
+        let request = SessionRequest {
+            tenant_id: session.tenant_id.clone(),
+            group_id: GroupId(group_id),
+            session_id: session.session_id,
+            owner_id: session.owner_id.clone(),
+        };
+        let tenant_id = session.tenant_id.clone();
+        drop(session);
+        let wait = due.saturating_duration_since(crate::time::now());
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return,
+        }
+        // Retry until confirmed or until the loss must be signalled.
+        loop {
+            let now = crate::time::now();
+            if now >= give_up_at {
+                if let Some(session) = inner.upgrade() {
+                    report_loss(
+                        &session,
+                        group_id,
+                        "no keep-alive confirmed before the safe deadline".into(),
+                    );
+                }
+                return;
+            }
+            let sent_at = now;
+            let body = RequestBody::Lease(LeaseOp::SessionKeepAlive(request.clone()));
+            let answer = tokio::select! {
+                answer = client.call_until(
+                    Some(group_id),
+                    body,
+                    RequestFlags::default(),
+                    Some(&tenant_id),
+                    give_up_at,
+                ) => answer,
+                _ = stop.changed() => return,
+            };
+            let Some(session) = inner.upgrade() else {
+                return;
+            };
+            match answer {
+                Ok(ResponseBody::Lease(result))
+                    if matches!(result.reply, LeaseReply::SessionKept(_)) =>
+                {
+                    let window = config.safety.safe_window(session.ttl_ms);
+                    with_groups(&session, |groups| {
+                        if let Some(record) = groups.get_mut(&group_id) {
+                            record.confirmed_sent_at = sent_at;
+                            record.safe_deadline = sent_at + window;
+                        }
+                    });
+                    break;
+                }
+                Err(ClientError::Server {
+                    code: code @ (ErrorCode::LeaseExpired | ErrorCode::NotFound),
+                    message,
+                    ..
+                }) => {
+                    report_loss(&session, group_id, format!("{code}: {message}"));
+                    return;
+                }
+                Ok(_) | Err(_) => {
+                    drop(session);
+                    let backoff = (ttl / 20).max(Duration::from_millis(20));
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            }
+        }
+    }
+}
