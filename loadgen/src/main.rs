@@ -97,6 +97,10 @@ struct Args {
     /// Leases of hold (default 100000) and expiry (default 10000).
     #[arg(long)]
     leases: Option<u64>,
+    /// hold only, tenure only: hold the leases under this many sessions (one keep-alive per
+    /// session and group instead of a renewal per lease); 0 renews each lease (the default).
+    #[arg(long, default_value_t = 0)]
+    sessions: u64,
     /// Bound of hold's acquire phase (a target too slow to renew what it holds stops there).
     #[arg(long, default_value = "120s", value_parser = tenure_loadgen::parse_duration)]
     acquire_phase_max: Duration,
@@ -294,6 +298,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         leases,
         held_per_worker_max: args.held_per_worker,
         acquire_phase_max: args.acquire_phase_max,
+        sessions: args.sessions,
         seed: args.seed,
         run_tag,
         progress: !args.quiet,

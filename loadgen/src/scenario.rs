@@ -11,6 +11,9 @@
 //!   cost. tenure's client library renews them by itself in coalesced batches; for the other
 //!   targets the load generator renews each lease every ttl/3 (what etcd's own Go client does,
 //!   one keep-alive per lease per period) and records those renewals' latency.
+//!   With `sessions` S > 0 (tenure only), the K leases are acquired in S sessions instead
+//!   (round robin), which keep them alive with one keep-alive per (session, group) per third of
+//!   the ttl; the report counts keep-alive requests instead of renewals.
 //! - `expiry`: K leases that all expire at once while background traffic (the mix) runs; it
 //!   reports how long until every one is reclaimed by a new holder, and the background's
 //!   throughput and p99 before and during the reclaim.
@@ -170,6 +173,8 @@ pub struct LoadConfig {
     /// Bound of the acquire phase of `hold` (a target that cannot renew what it already holds
     /// stops acquiring; the report then says how many it held).
     pub acquire_phase_max: Duration,
+    /// `hold` on tenure: hold the leases under this many sessions (0: renew each lease).
+    pub sessions: u64,
     /// Seed of the workers' random choices.
     pub seed: u64,
     /// Distinguishes this run's keys, holders and request ids from other runs'.
@@ -872,6 +877,9 @@ impl Drop for AbortOnDrop {
 }
 
 async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome, ScenarioError> {
+    if config.sessions > 0 {
+        return run_session_hold(target, config).await;
+    }
     let tag = config.run_tag;
     let phase_recorder = Arc::new(Recorder::new());
     let recorder = Arc::new(Recorder::new());
@@ -1048,6 +1056,174 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
         summary: recorder.summary(),
         timeline,
         ops_total: renewals,
+        details,
+    })
+}
+
+/// `hold` with sessions: the leases are acquired in `config.sessions` sessions (round robin) and
+/// kept alive by the sessions' keep-alives alone; the steady window counts keep-alive requests
+/// and checks at its end how many leases are still valid.
+async fn run_session_hold(
+    target: Arc<Target>,
+    config: &LoadConfig,
+) -> Result<RunOutcome, ScenarioError> {
+    let Some(client) = target.tenure_client() else {
+        return Err(ScenarioError::Config(
+            "hold with sessions needs the tenure target (the native client library)".into(),
+        ));
+    };
+    let tag = config.run_tag;
+    let tenant = target.tenure_tenant().unwrap_or_default().to_string();
+    let sessions: Vec<tenure_client::Session> = (0..config.sessions)
+        .map(|index| client.session(tenant.clone(), format!("s{tag:08x}-{index}"), config.ttl))
+        .collect::<Result<_, _>>()
+        .map_err(|error| ScenarioError::Config(format!("session: {error}")))?;
+    let sessions = Arc::new(sessions);
+    let phase_recorder = Arc::new(Recorder::new());
+    let recorder = Arc::new(Recorder::new());
+    let rss_before = process_rss_bytes();
+    let deadline = Instant::now() + config.acquire_phase_max;
+    let phase_reporter = Reporter::start(
+        phase_recorder.clone(),
+        Duration::ZERO,
+        config.progress,
+        None,
+    );
+    if config.progress {
+        eprintln!(
+            "hold: acquiring {} leases in {} sessions with {} workers",
+            config.leases, config.sessions, config.workers
+        );
+    }
+    let phase_started = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..config.workers {
+        let sessions = sessions.clone();
+        let recorder = phase_recorder.clone();
+        let next = next.clone();
+        let count = config.leases;
+        tasks.spawn(async move {
+            let mut held = Vec::new();
+            loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                if index >= count || Instant::now() >= deadline {
+                    break;
+                }
+                let session_index = usize::try_from(index % sessions.len() as u64).unwrap_or(0);
+                let session = &sessions[session_index];
+                let sent = Instant::now();
+                let result = session.acquire(format!("h{tag:08x}-{index}")).await;
+                recorder.record(
+                    worker,
+                    OpKind::Acquire,
+                    sent.elapsed(),
+                    result.as_ref().map(drop).map_err(|error| error.code_str()),
+                );
+                if let Ok(lease) = result {
+                    held.push((session_index, lease));
+                }
+            }
+            held
+        });
+    }
+    let mut held = Vec::new();
+    while let Some(result) = tasks.join_next().await {
+        held.extend(result.map_err(|error| ScenarioError::Worker(error.to_string()))?);
+    }
+    let phase_s = phase_started.elapsed().as_secs_f64();
+    let _ = phase_reporter.finish(Instant::now()).await?;
+    let acquire_phase = phase_figures(&phase_recorder, phase_s);
+    if config.progress {
+        eprintln!("hold: acquire phase {acquire_phase}");
+    }
+    let keepalives = |sessions: &[tenure_client::Session]| {
+        sessions.iter().fold((0u64, 0u64), |(sent, ok), session| {
+            let (s, o) = session.keepalive_counts();
+            (sent + s, ok + o)
+        })
+    };
+    let extra: ExtraLine = {
+        let sessions = sessions.clone();
+        let last = Mutex::new(keepalives(&sessions));
+        Arc::new(move || {
+            let now = keepalives(&sessions);
+            let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
+            let lost = sessions
+                .iter()
+                .map(|s| s.groups().iter().filter(|(_, lost)| *lost).count())
+                .sum::<usize>();
+            let line = format!(
+                "  sessions: {} keep-alive requests ({} confirmed), {lost} (session, group) lost",
+                now.0 - last.0,
+                now.1 - last.1
+            );
+            *last = now;
+            line
+        })
+    };
+    let groups_open: usize = sessions.iter().map(|s| s.groups().len()).sum();
+    let start_counts = keepalives(&sessions);
+    let cpu_before = process_cpu_s();
+    let start = Instant::now();
+    let end = start + config.duration;
+    let reporter = Reporter::start(
+        recorder.clone(),
+        Duration::ZERO,
+        config.progress,
+        Some(extra),
+    );
+    tokio::time::sleep_until(end.into()).await;
+    let end_counts = keepalives(&sessions);
+    let cpu_after = process_cpu_s();
+    let rss_holding = process_rss_bytes();
+    let valid = held
+        .iter()
+        .filter(|(index, lease)| sessions[*index].is_valid(lease))
+        .count() as u64;
+    let (timeline, measured_s) = reporter.finish(end).await?;
+    let acquired = held.len() as u64;
+    let groups_lost: usize = sessions
+        .iter()
+        .map(|s| s.groups().iter().filter(|(_, lost)| *lost).count())
+        .sum();
+    let seconds = measured_s.max(1e-9);
+    let cpu = cpu_since(cpu_before, cpu_after);
+    let requests = end_counts.0 - start_counts.0;
+    let confirmed = end_counts.1 - start_counts.1;
+    // The leases end by expiry with their sessions (dropping them stops the keep-alives).
+    drop(held);
+    drop(sessions);
+    #[allow(clippy::cast_precision_loss)]
+    let details = json!({
+        "leases": config.leases,
+        "sessions": config.sessions,
+        "session_groups_open": groups_open,
+        "session_groups_lost": groups_lost,
+        "ttl_ms": u64::try_from(config.ttl.as_millis()).unwrap_or(u64::MAX),
+        "acquire_phase": acquire_phase,
+        "held_at_start": acquired,
+        "held_at_end": valid,
+        "lost": acquired - valid,
+        "renewed_by": "sessions (one keep-alive per session and group every ttl/3)",
+        "steady": {
+            "seconds": measured_s,
+            "keepalive_requests": requests,
+            "keepalives_confirmed": confirmed,
+            "keepalive_requests_per_s": requests as f64 / seconds,
+            "leases_kept_per_keepalive": if confirmed == 0 { 0.0 } else { acquired as f64 * (seconds / (config.ttl.as_secs_f64() / 3.0)) / confirmed as f64 },
+            "loadgen_cpu_s": cpu,
+            "loadgen_cpu_percent_of_one_core": cpu.map(|cpu| cpu / seconds * 100.0),
+        },
+        "loadgen_rss_bytes_before": rss_before,
+        "loadgen_rss_bytes_holding": rss_holding,
+    });
+    Ok(RunOutcome {
+        measured_s,
+        latency_us: recorder.overall(),
+        summary: recorder.summary(),
+        timeline,
+        ops_total: confirmed,
         details,
     })
 }

@@ -16,7 +16,7 @@
 //! (everything goes through [`Client`]'s calls).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -73,13 +73,18 @@ struct SessionInner {
     session_id: SessionId,
     ttl_ms: u64,
     groups: Mutex<BTreeMap<u32, GroupRecord>>,
-    /// One loss per group at most, so a channel as large as the group count never fills.
-    losses_tx: mpsc::Sender<SessionLoss>,
-    losses_rx: tokio::sync::Mutex<mpsc::Receiver<SessionLoss>>,
+    /// Each group the session opened reports at most one loss, so the channel holds at most
+    /// as many messages as the session has groups.
+    losses_tx: mpsc::UnboundedSender<SessionLoss>,
+    losses_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<SessionLoss>>,
     stop_tx: watch::Sender<bool>,
     closed: AtomicBool,
-    /// Serialises opening the record of one group (two acquires must not open it twice).
-    opening: tokio::sync::Mutex<()>,
+    /// One lock per group, serialising the opening of that group's record (two acquires must
+    /// not open it twice; groups open independently).
+    opening: Mutex<BTreeMap<u32, Arc<tokio::sync::Mutex<()>>>>,
+    /// Keep-alive requests sent (attempts, retries included) and confirmed.
+    keepalives_sent: AtomicU64,
+    keepalives_confirmed: AtomicU64,
 }
 
 /// A session: one owner, one ttl, records in every group it holds leases in, each kept alive in
@@ -113,8 +118,13 @@ impl Client {
                 "a session needs a ttl above zero".into(),
             ));
         }
-        let groups = self.routing().groups.max(1) as usize;
-        let (losses_tx, losses_rx) = mpsc::channel(groups);
+        if self.config().safety.safe_window(ttl_ms).is_zero() {
+            return Err(ClientError::InvalidRequest(format!(
+                "a session ttl of {ttl_ms} ms leaves no safe window after the drift bound and \
+                 margins"
+            )));
+        }
+        let (losses_tx, losses_rx) = mpsc::unbounded_channel();
         let (stop_tx, _) = watch::channel(false);
         Ok(Session {
             inner: Arc::new(SessionInner {
@@ -128,7 +138,9 @@ impl Client {
                 losses_rx: tokio::sync::Mutex::new(losses_rx),
                 stop_tx,
                 closed: AtomicBool::new(false),
-                opening: tokio::sync::Mutex::new(()),
+                opening: Mutex::new(BTreeMap::new()),
+                keepalives_sent: AtomicU64::new(0),
+                keepalives_confirmed: AtomicU64::new(0),
             }),
         })
     }
@@ -143,6 +155,14 @@ impl Session {
     /// The session's ttl.
     pub fn ttl(&self) -> Duration {
         Duration::from_millis(self.inner.ttl_ms)
+    }
+
+    /// Keep-alive requests sent so far (every attempt, retries included) and confirmed.
+    pub fn keepalive_counts(&self) -> (u64, u64) {
+        (
+            self.inner.keepalives_sent.load(Ordering::Relaxed),
+            self.inner.keepalives_confirmed.load(Ordering::Relaxed),
+        )
     }
 
     /// The groups the session is open in, and whether each is lost.
@@ -204,6 +224,27 @@ impl Session {
             ResponseBody::Lease(result) => result,
             _ => return Err(protocol("AcquireInSession")),
         };
+        if result.group_id != group_id {
+            return Err(ClientError::Protocol(format!(
+                "AcquireInSession answered by group {}, not the key's group {group_id}",
+                result.group_id
+            )));
+        }
+        // A replayed grant counts only while it still stands (a retry answered after the
+        // session's record ended, or after the lease was taken, names a lease that is gone).
+        if result.replayed
+            && result
+                .replay
+                .is_none_or(|replay| replay.status != tenure_core::ReplayStatus::Active)
+        {
+            return Err(ClientError::Server {
+                code: ErrorCode::LeaseExpired,
+                message: "the retried acquire's lease no longer stands".into(),
+                retryable: false,
+                lease_error: None,
+                retry_after_ms: None,
+            });
+        }
         let LeaseReply::Acquired(grant) = result.reply else {
             return Err(protocol("AcquireInSession"));
         };
@@ -234,11 +275,6 @@ impl Session {
 
     /// Releases one lease of the session now (the session stays open).
     pub async fn release(&self, lease: &SessionLease) -> Result<(), ClientError> {
-        self.with_groups(|groups| {
-            if let Some(record) = groups.get_mut(&lease.group_id) {
-                record.leases.remove(&lease.key);
-            }
-        });
         let body = RequestBody::Lease(LeaseOp::Release(ReleaseRequest {
             key: lease.key.clone(),
             lease_id: lease.lease_id,
@@ -246,7 +282,14 @@ impl Session {
             request_id: self.inner.client.new_request_id(),
         }));
         match self.call(lease.group_id, body).await? {
-            ResponseBody::Lease(_) => Ok(()),
+            ResponseBody::Lease(_) => {
+                self.with_groups(|groups| {
+                    if let Some(record) = groups.get_mut(&lease.group_id) {
+                        record.leases.remove(&lease.key);
+                    }
+                });
+                Ok(())
+            }
             _ => Err(protocol("Release")),
         }
     }
@@ -254,9 +297,11 @@ impl Session {
     /// Closes the session in every group it is open in: its leases end at once. Stops the
     /// keep-alives first. The first failure is returned after every group was tried.
     pub async fn close(&self) -> Result<(), ClientError> {
-        self.inner.closed.store(true, Ordering::Release);
         let _ = self.inner.stop_tx.send(true);
         let groups: Vec<u32> = self.with_groups(|groups| {
+            // Set under the groups' lock: an open registering concurrently sees it (see
+            // `ensure_open`) or is listed here.
+            self.inner.closed.store(true, Ordering::Release);
             groups
                 .iter_mut()
                 .filter(|(_, r)| !r.lost)
@@ -310,7 +355,17 @@ impl Session {
 
     /// Opens the session's record in `group_id` unless it is open, and starts its keep-alive.
     async fn ensure_open(&self, group_id: u32) -> Result<(), ClientError> {
-        let _opening = self.inner.opening.lock().await;
+        if self.with_groups(|groups| groups.get(&group_id).is_some_and(|r| !r.lost)) {
+            return Ok(());
+        }
+        let lock = {
+            let mut locks = match self.inner.opening.lock() {
+                Ok(locks) => locks,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            locks.entry(group_id).or_default().clone()
+        };
+        let _opening = lock.lock().await;
         let state = self.with_groups(|groups| groups.get(&group_id).map(|r| r.lost));
         match state {
             Some(false) => return Ok(()),
@@ -344,7 +399,12 @@ impl Session {
             .config()
             .safety
             .safe_window(self.inner.ttl_ms);
-        self.with_groups(|groups| {
+        // Registered under the groups' lock together with the `closed` check, so a concurrent
+        // `close` either sees this group (and closes it) or is seen here.
+        let registered = self.with_groups(|groups| {
+            if self.inner.closed.load(Ordering::Acquire) {
+                return false;
+            }
             groups.insert(
                 group_id,
                 GroupRecord {
@@ -354,7 +414,14 @@ impl Session {
                     lost: false,
                 },
             );
+            true
         });
+        if !registered {
+            // Closed while the open was on its way: close what it opened.
+            let close = RequestBody::Lease(LeaseOp::SessionClose(self.request(group_id)));
+            let _ = self.call(group_id, close).await;
+            return Err(ClientError::InvalidRequest("the session is closed".into()));
+        }
         let inner = Arc::downgrade(&self.inner);
         let stop = self.inner.stop_tx.subscribe();
         tokio::spawn(keep_group_alive(inner, group_id, stop));
@@ -383,7 +450,7 @@ fn report_loss(inner: &SessionInner, group_id: u32, reason: String) {
         _ => None,
     });
     if let Some(leases) = leases {
-        let _ = inner.losses_tx.try_send(SessionLoss {
+        let _ = inner.losses_tx.send(SessionLoss {
             group_id,
             reason,
             leases,
@@ -447,6 +514,9 @@ async fn keep_group_alive(
                 return;
             }
             let sent_at = now;
+            if let Some(session) = inner.upgrade() {
+                session.keepalives_sent.fetch_add(1, Ordering::Relaxed);
+            }
             let body = RequestBody::Lease(LeaseOp::SessionKeepAlive(request.clone()));
             let answer = tokio::select! {
                 answer = client.call_until(
@@ -465,6 +535,7 @@ async fn keep_group_alive(
                 Ok(ResponseBody::Lease(result))
                     if matches!(result.reply, LeaseReply::SessionKept(_)) =>
                 {
+                    session.keepalives_confirmed.fetch_add(1, Ordering::Relaxed);
                     let window = config.safety.safe_window(session.ttl_ms);
                     with_groups(&session, |groups| {
                         if let Some(record) = groups.get_mut(&group_id) {

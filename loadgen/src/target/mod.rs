@@ -204,6 +204,22 @@ impl Target {
         }
     }
 
+    /// The native client library (the tenure target only).
+    pub fn tenure_client(&self) -> Option<&tenure_client::Client> {
+        match self {
+            Target::Tenure(target) => Some(target.client()),
+            _ => None,
+        }
+    }
+
+    /// The tenant of every resource (the tenure target only).
+    pub fn tenure_tenant(&self) -> Option<&str> {
+        match self {
+            Target::Tenure(target) => Some(target.tenant()),
+            _ => None,
+        }
+    }
+
     /// The client library's counters (tenure over the client library only).
     pub fn library_stats(&self) -> Option<tenure_client::ClientStats> {
         match self {

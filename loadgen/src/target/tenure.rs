@@ -29,6 +29,11 @@ impl TenureTarget {
         &self.client
     }
 
+    /// The tenant of every resource.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
     fn key(&self, resource: &str) -> ResourceKey {
         ResourceKey::new(self.tenant.as_str(), resource)
     }

@@ -427,7 +427,7 @@ impl LeaseStateMachine {
             LeaseOp::Renew(r) => self.renew(r, now_ms),
             LeaseOp::Release(r) => self.release(r, now_ms),
             LeaseOp::Transfer(r) => self.transfer(r, now_ms),
-            LeaseOp::SessionOpen(r) => self.open_session(r, now_ms),
+            LeaseOp::SessionOpen(r) => self.open_session(r, now_ms, reclaimed),
             LeaseOp::SessionKeepAlive(r) => self.keep_session_alive(r, now_ms),
             LeaseOp::SessionClose(r) => self.close_session(r, now_ms),
             LeaseOp::AcquireInSession(r) => self.acquire_in_session(r, now_ms, reclaimed),
@@ -468,12 +468,17 @@ impl LeaseStateMachine {
                     && r.lease_id() == grant.lease_id
                     && r.fencing_token == grant.fencing_token
             });
-        let Some((_, current)) = current else {
+        let Some((current_record, current)) = current else {
             return ended(ReplayStatus::Superseded, grant.expires_at_ms);
         };
-        // For a lease bound to a session too: the grant named the session's expiry at the
-        // time; what keep-alives added since is the session's to report, not the replay's.
-        let expires_at_ms = grant.expires_at_ms.min(current.expires_at_ms);
+        // A lease bound to a session has no expiry of its own: it stands exactly as long as
+        // the session's record, which keep-alives extend past the grant's expiry; a replay
+        // reports that (else a retried AcquireInSession would call an active lease expired).
+        let expires_at_ms = if current_record.session.is_some() {
+            current.expires_at_ms
+        } else {
+            grant.expires_at_ms.min(current.expires_at_ms)
+        };
         match current.status {
             RecordStatus::Released => ended(ReplayStatus::Released, expires_at_ms),
             RecordStatus::Active if now_ms < expires_at_ms => ReplayState {
@@ -522,9 +527,20 @@ impl LeaseStateMachine {
         now_ms: u64,
         reclaimed: &mut Vec<ReclaimedLease>,
     ) -> Result<LeaseReply, LeaseError> {
-        let tenant = self.tenant_or_create(&request.key.tenant_id)?;
-        let slot =
-            self.live_session(Some(tenant), request.session_id, &request.holder_id, now_ms)?;
+        // Only a tenant with a session here can have one: a refused request creates nothing.
+        let tenant = self
+            .tenant_index
+            .get(request.key.tenant_id.as_str())
+            .copied()
+            .ok_or(LeaseError::SessionNotFound {
+                session_id: request.session_id,
+            })?;
+        let slot = self.live_session(
+            Some(tenant),
+            request.session_id,
+            ("holder_id", &request.holder_id),
+            now_ms,
+        )?;
         self.grant_resource(
             tenant,
             &request.key,

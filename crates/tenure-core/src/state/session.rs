@@ -172,27 +172,28 @@ impl LeaseStateMachine {
         Ok(())
     }
 
-    /// The session's record in this group if it is active at `now_ms` and owned by `owner_id`:
-    /// SESSION_NOT_FOUND, SESSION_EXPIRED (also for closed), then the owner check.
+    /// The session's record in this group if it is owned by `owner` (the request's field name
+    /// and value) and active at `now_ms`: SESSION_NOT_FOUND, the owner check (so another owner
+    /// learns nothing of the record's state), then SESSION_EXPIRED (also for closed).
     pub(crate) fn live_session(
         &self,
         tenant: Option<u32>,
         session_id: SessionId,
-        owner_id: &str,
+        (owner_field, owner_id): (&str, &str),
         now_ms: u64,
     ) -> Result<u32, LeaseError> {
         let slot = tenant
             .and_then(|t| self.find_session(t, session_id))
             .ok_or(LeaseError::SessionNotFound { session_id })?;
         let record = self.session(slot);
-        if !record.is_active_at(now_ms) {
-            return Err(LeaseError::SessionExpired { session_id });
-        }
         if record.owner_id != owner_id {
             return Err(LeaseError::invalid(
-                "holder_id",
+                owner_field,
                 "is not the owner the session was opened with",
             ));
+        }
+        if !record.is_active_at(now_ms) {
+            return Err(LeaseError::SessionExpired { session_id });
         }
         Ok(slot)
     }
@@ -214,6 +215,7 @@ impl LeaseStateMachine {
         &mut self,
         request: &SessionOpenRequest,
         now_ms: u64,
+        reclaimed: &mut Vec<ReclaimedLease>,
     ) -> Result<LeaseReply, LeaseError> {
         self.check_session_request(&request.tenant_id, request.group_id, &request.owner_id)?;
         let tenant = self.tenant_or_create(&request.tenant_id)?;
@@ -225,8 +227,12 @@ impl LeaseStateMachine {
         if self.find_session(tenant, request.session_id).is_some() {
             // Opening again is a keep-alive of a live record (a retried open), and refused for
             // one that ended: a session never comes back.
-            let slot =
-                self.live_session(Some(tenant), request.session_id, &request.owner_id, now_ms)?;
+            let slot = self.live_session(
+                Some(tenant),
+                request.session_id,
+                ("owner_id", &request.owner_id),
+                now_ms,
+            )?;
             if u64::from(self.session(slot).ttl_ms) != request.ttl_ms {
                 return Err(LeaseError::invalid(
                     "ttl_ms",
@@ -236,13 +242,19 @@ impl LeaseStateMachine {
             self.extend_session(slot, now_ms);
             return Ok(self.session_grant(slot, now_ms, false));
         }
-        let active = self
-            .sessions
-            .active_per_tenant
-            .get(tenant as usize)
-            .copied()
-            .unwrap_or(0);
-        if active >= quota {
+        let active = |state: &Self| {
+            state
+                .sessions
+                .active_per_tenant
+                .get(tenant as usize)
+                .copied()
+                .unwrap_or(0)
+        };
+        if active(self) >= quota {
+            // Records past expiry but not yet reclaimed must not count against the quota.
+            self.reclaim_due(now_ms, self.limits.expire_batch_max, reclaimed);
+        }
+        if active(self) >= quota {
             return Err(LeaseError::QuotaExceeded {
                 kind: QuotaKind::TenantSessions,
                 limit: quota,
@@ -250,7 +262,7 @@ impl LeaseStateMachine {
         }
         let group_max = self.limits.lease_records_max.min(GROUP_SESSIONS_MAX);
         if self.sessions.records.occupied() as u64 >= group_max
-            && !self.evict_oldest_ended_session()
+            && !self.free_oldest_ended_session_past_retention(now_ms)
         {
             return Err(LeaseError::QuotaExceeded {
                 kind: QuotaKind::GroupSessions,
@@ -296,7 +308,12 @@ impl LeaseStateMachine {
     ) -> Result<LeaseReply, LeaseError> {
         self.check_session_request(&request.tenant_id, request.group_id, &request.owner_id)?;
         let tenant = self.tenant_index.get(request.tenant_id.as_str()).copied();
-        let slot = self.live_session(tenant, request.session_id, &request.owner_id, now_ms)?;
+        let slot = self.live_session(
+            tenant,
+            request.session_id,
+            ("owner_id", &request.owner_id),
+            now_ms,
+        )?;
         self.extend_session(slot, now_ms);
         Ok(self.session_grant(slot, now_ms, false))
     }
@@ -474,15 +491,20 @@ impl LeaseStateMachine {
         }
     }
 
-    /// Drops the oldest retained ended record. False when there is none.
-    fn evict_oldest_ended_session(&mut self) -> bool {
-        match self.sessions.ended.pop_front() {
-            Some(slot) => {
-                self.free_ended_session(slot);
-                true
-            }
-            None => false,
+    /// Frees the oldest ended record if its retention has passed (garbage collection's budget
+    /// may not have reached it yet). False otherwise: an ended record is never dropped early,
+    /// so a late open or keep-alive always learns that the session ended and never revives it.
+    fn free_oldest_ended_session_past_retention(&mut self, now_ms: u64) -> bool {
+        let Some(&slot) = self.sessions.ended.front() else {
+            return false;
+        };
+        let ended_at_ms = self.session(slot).expires_at_ms;
+        if now_ms < ended_at_ms.saturating_add(self.limits.inactive_retention_ms) {
+            return false;
         }
+        self.sessions.ended.pop_front();
+        self.free_ended_session(slot);
+        true
     }
 
     /// Frees ended records whose retention has passed, oldest first, at most `budget`.
@@ -559,7 +581,8 @@ impl LeaseStateMachine {
                 }
             }
         }
-        if occupied != self.sessions.index.len()
+        if occupied != self.sessions.records.occupied()
+            || occupied != self.sessions.index.len()
             || self.sessions.by_expiry.len() + self.sessions.ending.len() + ended.len() != occupied
         {
             return Err(format!(

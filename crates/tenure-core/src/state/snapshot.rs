@@ -514,8 +514,12 @@ impl LeaseStateMachine {
         if meta.free_slots > meta.slots {
             return Err(corrupt("more free session slots than session slots"));
         }
+        let mut empty_slots = 0u32;
         for slot in 0..meta.slots {
             let record: Option<SessionRecord> = input.frame("session")?;
+            if record.is_none() {
+                empty_slots += 1;
+            }
             if let Some(record) = &record {
                 let bad = |what: String| corrupt(format!("session slot {slot}: {what}"));
                 if record.tenant as usize >= self.tenants.len() {
@@ -562,6 +566,12 @@ impl LeaseStateMachine {
                 }
                 SessionStatus::Expired | SessionStatus::Closed => {}
             }
+        }
+        if empty_slots != meta.free_slots {
+            return Err(corrupt(format!(
+                "{empty_slots} empty session slots but a free list of {}",
+                meta.free_slots
+            )));
         }
         let free = read_free_list(input, "session ", meta.slots, meta.free_slots, |slot| {
             self.sessions.records.get(slot).is_some()

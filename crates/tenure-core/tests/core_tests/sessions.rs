@@ -428,3 +428,66 @@ proptest! {
         prop_assert_eq!(restored.snapshot_to_vec(), bytes);
     }
 }
+
+#[test]
+fn a_retried_acquire_in_session_reports_the_sessions_current_expiry() {
+    let mut h = harness();
+    h.open_session(SESSION, "worker", 1_000).unwrap();
+    let op = session_acquire_op("job", "worker", SESSION, "acq-r");
+    let first = h.op(op.clone());
+    assert!(first.result.is_ok());
+    // Kept alive well past the grant's own expiry: the retry still stands, until the
+    // session's current expiry.
+    for _ in 0..4 {
+        h.advance(600);
+        h.keep_alive(SESSION, "worker").unwrap();
+    }
+    let retry = h.op(op);
+    assert!(retry.replayed);
+    let replay = retry.replay.unwrap();
+    assert_eq!(replay.status, tenure_core::ReplayStatus::Active);
+    assert_eq!(replay.expires_at_ms, h.now_ms + 1_000);
+    assert_eq!(replay.remaining_ttl_ms, 1_000);
+}
+
+#[test]
+fn expired_sessions_do_not_hold_the_tenants_quota_and_ended_records_are_kept_for_retention() {
+    let mut h = Harness::with_limits(GroupLimits {
+        ttl_ms_min: 100,
+        inactive_retention_ms: 5_000,
+        lease_records_max: 3,
+        ..GroupLimits::default()
+    });
+    h.apply(Command::SetTenantPolicy {
+        tenant_id: TENANT.to_owned(),
+        policy: TenantPolicy {
+            active_leases_max: Some(2),
+            ttl_ms_min: None,
+            ttl_ms_max: None,
+        },
+    });
+    h.open_session(1, "worker", 1_000).unwrap();
+    h.open_session(2, "worker", 1_000).unwrap();
+    // Both past expiry, neither reclaimed: the quota does not count them.
+    h.advance(1_000);
+    h.open_session(3, "worker", 1_000).unwrap();
+    h.open_session(4, "worker", 1_000).unwrap_err();
+    // The group holds 3 records (two ended, kept for retention, and one active): an open must
+    // not drop an ended record early, so a late open of session 1 still learns it ended.
+    h.close_session(3, "worker").unwrap();
+    let full = h.open_session(5, "worker", 1_000).unwrap_err();
+    assert!(matches!(
+        full,
+        LeaseError::QuotaExceeded {
+            kind: tenure_core::QuotaKind::GroupSessions,
+            ..
+        }
+    ));
+    assert_eq!(
+        h.open_session(1, "worker", 1_000).unwrap_err().code(),
+        ErrorCode::LeaseExpired
+    );
+    // Past the retention, their places are free again.
+    h.advance(5_000);
+    h.open_session(5, "worker", 1_000).unwrap();
+}
