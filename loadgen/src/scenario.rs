@@ -1164,6 +1164,7 @@ async fn run_session_hold(
     };
     let groups_open: usize = sessions.iter().map(|s| s.groups().len()).sum();
     let start_counts = keepalives(&sessions);
+    let wire_start = client.stats();
     let cpu_before = process_cpu_s();
     let start = Instant::now();
     let end = start + config.duration;
@@ -1175,6 +1176,7 @@ async fn run_session_hold(
     );
     tokio::time::sleep_until(end.into()).await;
     let end_counts = keepalives(&sessions);
+    let wire_end = client.stats();
     let cpu_after = process_cpu_s();
     let rss_holding = process_rss_bytes();
     let valid = held
@@ -1208,9 +1210,12 @@ async fn run_session_hold(
         "renewed_by": "sessions (one keep-alive per session and group every ttl/3)",
         "steady": {
             "seconds": measured_s,
-            "keepalive_requests": requests,
+            "keepalives_sent": requests,
             "keepalives_confirmed": confirmed,
-            "keepalive_requests_per_s": requests as f64 / seconds,
+            "keepalives_per_s": requests as f64 / seconds,
+            "keepalive_requests": wire_end.keepalive_requests - wire_start.keepalive_requests,
+            "keepalive_requests_per_s": (wire_end.keepalive_requests - wire_start.keepalive_requests) as f64 / seconds,
+            "keepalives_per_request": if wire_end.keepalive_requests == wire_start.keepalive_requests { 0.0 } else { (wire_end.keepalives - wire_start.keepalives) as f64 / (wire_end.keepalive_requests - wire_start.keepalive_requests) as f64 },
             "leases_kept_per_keepalive": if confirmed == 0 { 0.0 } else { acquired as f64 * (seconds / (config.ttl.as_secs_f64() / 3.0)) / confirmed as f64 },
             "loadgen_cpu_s": cpu,
             "loadgen_cpu_percent_of_one_core": cpu.map(|cpu| cpu / seconds * 100.0),

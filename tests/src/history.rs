@@ -85,6 +85,14 @@ pub enum OpKind {
     Get,
     /// Transfer: end the named lease and grant the resource to [`OpRecord::new_holder`] at once.
     Transfer,
+    /// A confirmed keep-alive of the session a held lease is bound to, recorded per lease:
+    /// it extends the lease (like a Renew) without changing its version. Recorded only for a
+    /// keep-alive sent after the lease's grant was answered (so it was applied after it).
+    KeepAlive,
+    /// A close of the session a held lease is bound to, recorded per lease: it ends the lease
+    /// (EXPIRED, its version unchanged) at the close's log time, answered as
+    /// [`Outcome::Released`] with that time.
+    SessionClose,
 }
 
 /// A lease as a read saw it.
@@ -268,10 +276,13 @@ impl OpRecord {
         }
     }
 
-    /// True for operations that end the lease they name when they take effect (Release and
-    /// Transfer).
+    /// True for operations that end the lease they name when they take effect (Release,
+    /// Transfer, and the close of its session).
     pub fn ends_named_lease(&self) -> bool {
-        matches!(self.kind, OpKind::Release | OpKind::Transfer)
+        matches!(
+            self.kind,
+            OpKind::Release | OpKind::Transfer | OpKind::SessionClose
+        )
     }
 }
 

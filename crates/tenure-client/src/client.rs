@@ -188,6 +188,8 @@ pub(crate) struct ClientCounters {
     pub renew_batches: AtomicU64,
     pub renewals: AtomicU64,
     pub leases_at_risk_total: AtomicU64,
+    pub keepalive_requests: AtomicU64,
+    pub keepalives: AtomicU64,
 }
 
 /// A copy of the client's counters.
@@ -211,6 +213,11 @@ pub struct ClientStats {
     pub leases_at_risk: u64,
     /// Times a handle became at risk, since the client started.
     pub leases_at_risk_total: u64,
+    /// Requests that carried sessions' keep-alives (a Batch of coalesced keep-alives, or one
+    /// sent on its own), first attempts only.
+    pub keepalive_requests: u64,
+    /// Keep-alives those requests carried.
+    pub keepalives: u64,
 }
 
 pub(crate) struct ClientInner {
@@ -232,6 +239,9 @@ pub(crate) struct ClientInner {
     pub(crate) leases_at_risk: AtomicU64,
     pub(crate) faults: Arc<FaultInjector>,
     pub(crate) closed: AtomicBool,
+    /// One keep-alive batcher per (group, tenant): sessions' keep-alives of one group that fall
+    /// due together go in one Batch request (`crate::session`).
+    pub(crate) keepalive_batchers: Mutex<BTreeMap<(u32, String), crate::session::KeepAliveQueue>>,
 }
 
 /// The tenure client. Cheap to clone; clones share connections, routing and the renewer.
@@ -278,6 +288,8 @@ impl Client {
             leases_held: self.inner.leases_held.load(Ordering::Relaxed),
             leases_at_risk: self.inner.leases_at_risk.load(Ordering::Relaxed),
             leases_at_risk_total: c.leases_at_risk_total.load(Ordering::Relaxed),
+            keepalive_requests: c.keepalive_requests.load(Ordering::Relaxed),
+            keepalives: c.keepalives.load(Ordering::Relaxed),
         }
     }
 

@@ -108,6 +108,7 @@ impl Client {
             leases_at_risk: AtomicU64::new(0),
             faults,
             closed: AtomicBool::new(false),
+            keepalive_batchers: Mutex::new(BTreeMap::new()),
         });
         tokio::spawn(run_renewer(Arc::downgrade(&inner), commands));
         let client = Client { inner };

@@ -66,11 +66,11 @@ pub use handle::{LeaseState, LossReason};
 pub use lease::{Lease, TransferFailed};
 pub use link::FaultInjector;
 pub use routing::{LeaderEntry, NodeInfo, RoutingState};
-pub use session::{Session, SessionLease, SessionLoss};
+pub use session::{KeepAliveConfirmed, Session, SessionLease, SessionLoss};
 pub use tenure_core::{
-    ClusterChange, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, LeaseId, LeaseStatus,
-    LeaseView, NodeAddresses, NodeRecord, NodeState, ReplayState, ReplayStatus, ResourceKey,
-    SessionId,
+    ClusterChange, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, LeaseGrant, LeaseId,
+    LeaseStatus, LeaseView, NodeAddresses, NodeRecord, NodeState, ReplayState, ReplayStatus,
+    ResourceKey, SessionGrant, SessionId, SessionIdParseError, SessionReceipt,
 };
 pub use tenure_proto::client::{
     FenceCheckResult, FollowerProgress, GetResult, GroupMembers, GroupStatus, LeaseResult,

@@ -7,6 +7,11 @@
 //! that loses its quorum ends only that group's leases: [`Session::lost`] names the group and
 //! exactly the leases that went with it, while the other groups carry on.
 //!
+//! Keep-alives of the same group that fall due together, from every session of one client, are
+//! sent in one Batch request (a batcher per group collects them for
+//! [`KEEPALIVE_COALESCE`] or until [`KEEPALIVE_BATCH_MAX`]), so a process holding many sessions
+//! pays per group, not per session.
+//!
 //! The safe deadline is per group: `send time of the last confirmed keep-alive (or open) +
 //! safe_window(ttl)`, the lease formula of the contract's section 5 with the session's ttl.
 //! A group's loss is signalled `loss_signal_lead` before that deadline when no keep-alive was
@@ -21,10 +26,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tenure_core::{
-    ErrorCode, GroupId, LeaseId, LeaseOp, LeaseReply, ReleaseRequest, ResourceKey,
-    SessionAcquireRequest, SessionId, SessionOpenRequest, SessionRequest,
+    ErrorCode, GroupId, LeaseId, LeaseOp, LeaseReply, ReleaseReceipt, ReleaseRequest, ResourceKey,
+    SessionAcquireRequest, SessionGrant, SessionId, SessionOpenRequest, SessionReceipt,
+    SessionRequest,
 };
-use tenure_proto::client::{RequestBody, RequestFlags, ResponseBody};
+use tenure_proto::client::{LeaseResult, RequestBody, RequestFlags, ResponseBody};
 use tokio::sync::{mpsc, watch};
 
 use crate::client::Client;
@@ -42,6 +48,30 @@ pub struct SessionLease {
     pub fencing_token: u64,
     /// The group that holds it (and the session record it is bound to).
     pub group_id: u32,
+    /// Log time of the entry that granted it.
+    pub log_time_ms: u64,
+    /// The session record's expiry at the grant (keep-alives extend it).
+    pub expires_at_ms: u64,
+    /// The answer was a replay of an earlier attempt with the same request id.
+    pub replayed: bool,
+}
+
+/// The last confirmed keep-alive of a session's record in one group (for histories and
+/// diagnostics: every lease the session held there when it was sent is extended with it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepAliveConfirmed {
+    /// Confirmed keep-alives of this group so far (this one included).
+    pub count: u64,
+    /// When it was sent (its first attempt).
+    pub sent_at: Instant,
+    /// When its answer arrived.
+    pub confirmed_at: Instant,
+    /// Log time of the entry that applied it.
+    pub log_time_ms: u64,
+    /// Log time the record (and every lease bound to it) now expires at.
+    pub expires_at_ms: u64,
+    /// The group's safe deadline it gave: `sent_at + safe_window(ttl)`.
+    pub safe_deadline: Instant,
 }
 
 /// A group in which the session ended, and the leases that ended with it.
@@ -63,6 +93,7 @@ struct GroupRecord {
     safe_deadline: Instant,
     leases: BTreeMap<ResourceKey, SessionLease>,
     lost: bool,
+    last_keepalive: Option<KeepAliveConfirmed>,
 }
 
 #[derive(Debug)]
@@ -146,6 +177,116 @@ impl Client {
     }
 }
 
+/// One-shot session calls without a [`Session`] handle (nothing keeps the record alive
+/// afterwards): for tools such as `tenurectl`, and callers that keep sessions alive themselves.
+impl Client {
+    /// Opens (or, while it is active, extends) `session_id`'s record in `group_id`.
+    pub async fn session_open(
+        &self,
+        tenant_id: &str,
+        group_id: u32,
+        session_id: SessionId,
+        owner_id: &str,
+        ttl: Duration,
+    ) -> Result<SessionGrant, ClientError> {
+        let body = RequestBody::Lease(LeaseOp::SessionOpen(SessionOpenRequest {
+            tenant_id: tenant_id.to_owned(),
+            group_id: GroupId(group_id),
+            session_id,
+            owner_id: owner_id.to_owned(),
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        }));
+        match self.session_reply(tenant_id, group_id, body).await? {
+            LeaseReply::SessionKept(grant) => Ok(grant),
+            _ => Err(protocol("SessionOpen")),
+        }
+    }
+
+    /// Extends `session_id`'s record in `group_id` by its ttl.
+    pub async fn session_keepalive(
+        &self,
+        tenant_id: &str,
+        group_id: u32,
+        session_id: SessionId,
+        owner_id: &str,
+    ) -> Result<SessionGrant, ClientError> {
+        let body = RequestBody::Lease(LeaseOp::SessionKeepAlive(SessionRequest {
+            tenant_id: tenant_id.to_owned(),
+            group_id: GroupId(group_id),
+            session_id,
+            owner_id: owner_id.to_owned(),
+        }));
+        match self.session_reply(tenant_id, group_id, body).await? {
+            LeaseReply::SessionKept(grant) => Ok(grant),
+            _ => Err(protocol("SessionKeepAlive")),
+        }
+    }
+
+    /// Closes `session_id`'s record in `group_id`: its leases there end at once.
+    pub async fn session_close(
+        &self,
+        tenant_id: &str,
+        group_id: u32,
+        session_id: SessionId,
+        owner_id: &str,
+    ) -> Result<SessionReceipt, ClientError> {
+        let body = RequestBody::Lease(LeaseOp::SessionClose(SessionRequest {
+            tenant_id: tenant_id.to_owned(),
+            group_id: GroupId(group_id),
+            session_id,
+            owner_id: owner_id.to_owned(),
+        }));
+        match self.session_reply(tenant_id, group_id, body).await? {
+            LeaseReply::SessionClosed(receipt) => Ok(receipt),
+            _ => Err(protocol("SessionClose")),
+        }
+    }
+
+    /// Acquires `key` bound to `session_id` (open in the key's group); the grant's
+    /// `expires_at_ms` is the session record's expiry at the grant.
+    pub async fn acquire_in_session(
+        &self,
+        key: &ResourceKey,
+        owner_id: &str,
+        session_id: SessionId,
+        request_id: Option<String>,
+    ) -> Result<(u32, tenure_core::LeaseGrant), ClientError> {
+        let group_id = self.group_of(key).await?;
+        let body = RequestBody::Lease(LeaseOp::AcquireInSession(SessionAcquireRequest {
+            key: key.clone(),
+            holder_id: owner_id.to_owned(),
+            session_id,
+            request_id: request_id.unwrap_or_else(|| self.new_request_id()),
+        }));
+        match self.session_reply(&key.tenant_id, group_id, body).await? {
+            LeaseReply::Acquired(grant) => Ok((group_id, grant)),
+            _ => Err(protocol("AcquireInSession")),
+        }
+    }
+
+    async fn session_reply(
+        &self,
+        tenant_id: &str,
+        group_id: u32,
+        body: RequestBody,
+    ) -> Result<LeaseReply, ClientError> {
+        match self
+            .call(
+                Some(group_id),
+                body,
+                RequestFlags::default(),
+                Some(tenant_id),
+            )
+            .await?
+        {
+            ResponseBody::Lease(result) => Ok(result.reply),
+            _ => Err(ClientError::Protocol(
+                "a session operation answered with another kind".into(),
+            )),
+        }
+    }
+}
+
 impl Session {
     /// The session's id.
     pub fn id(&self) -> SessionId {
@@ -174,6 +315,11 @@ impl Session {
     /// Every lease of the session in that group is safe to act on until then.
     pub fn safe_deadline(&self, group_id: u32) -> Option<Instant> {
         self.with_groups(|groups| groups.get(&group_id).map(|r| r.safe_deadline))
+    }
+
+    /// The last confirmed keep-alive of the session's record in `group_id`, if any.
+    pub fn last_keepalive(&self, group_id: u32) -> Option<KeepAliveConfirmed> {
+        self.with_groups(|groups| groups.get(&group_id).and_then(|r| r.last_keepalive))
     }
 
     /// Whether `lease` may still be acted on: its group's record is not lost, the lease is still
@@ -208,6 +354,16 @@ impl Session {
         &self,
         resource_id: impl Into<String>,
     ) -> Result<SessionLease, ClientError> {
+        self.acquire_with(resource_id, None).await
+    }
+
+    /// [`Session::acquire`] with the request id to send (a retry with the same id returns the
+    /// original outcome while it still stands); a new one when `None`.
+    pub async fn acquire_with(
+        &self,
+        resource_id: impl Into<String>,
+        request_id: Option<String>,
+    ) -> Result<SessionLease, ClientError> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(ClientError::InvalidRequest("the session is closed".into()));
         }
@@ -218,7 +374,7 @@ impl Session {
             key: key.clone(),
             holder_id: self.inner.owner_id.clone(),
             session_id: self.inner.session_id,
-            request_id: self.inner.client.new_request_id(),
+            request_id: request_id.unwrap_or_else(|| self.inner.client.new_request_id()),
         }));
         let result = match self.call(group_id, body).await? {
             ResponseBody::Lease(result) => result,
@@ -253,6 +409,9 @@ impl Session {
             lease_id: grant.lease_id,
             fencing_token: grant.fencing_token,
             group_id,
+            log_time_ms: grant.log_time_ms,
+            expires_at_ms: grant.expires_at_ms,
+            replayed: result.replayed,
         };
         let registered = self.with_groups(|groups| match groups.get_mut(&group_id) {
             Some(record) if !record.lost => {
@@ -274,29 +433,42 @@ impl Session {
     }
 
     /// Releases one lease of the session now (the session stays open).
-    pub async fn release(&self, lease: &SessionLease) -> Result<(), ClientError> {
+    pub async fn release(&self, lease: &SessionLease) -> Result<ReleaseReceipt, ClientError> {
+        self.release_with(lease, None).await
+    }
+
+    /// [`Session::release`] with the request id to send (a new one when `None`).
+    pub async fn release_with(
+        &self,
+        lease: &SessionLease,
+        request_id: Option<String>,
+    ) -> Result<ReleaseReceipt, ClientError> {
         let body = RequestBody::Lease(LeaseOp::Release(ReleaseRequest {
             key: lease.key.clone(),
             lease_id: lease.lease_id,
             holder_id: self.inner.owner_id.clone(),
-            request_id: self.inner.client.new_request_id(),
+            request_id: request_id.unwrap_or_else(|| self.inner.client.new_request_id()),
         }));
         match self.call(lease.group_id, body).await? {
-            ResponseBody::Lease(_) => {
+            ResponseBody::Lease(LeaseResult {
+                reply: LeaseReply::Released(receipt),
+                ..
+            }) => {
                 self.with_groups(|groups| {
                     if let Some(record) = groups.get_mut(&lease.group_id) {
                         record.leases.remove(&lease.key);
                     }
                 });
-                Ok(())
+                Ok(receipt)
             }
             _ => Err(protocol("Release")),
         }
     }
 
     /// Closes the session in every group it is open in: its leases end at once. Stops the
-    /// keep-alives first. The first failure is returned after every group was tried.
-    pub async fn close(&self) -> Result<(), ClientError> {
+    /// keep-alives first. Returns the receipt of each group closed here; the first failure is
+    /// returned after every group was tried.
+    pub async fn close(&self) -> Result<Vec<SessionReceipt>, ClientError> {
         let _ = self.inner.stop_tx.send(true);
         let groups: Vec<u32> = self.with_groups(|groups| {
             // Set under the groups' lock: an open registering concurrently sees it (see
@@ -312,10 +484,14 @@ impl Session {
                 .collect()
         });
         let mut first_error = None;
+        let mut receipts = Vec::new();
         for group_id in groups {
             let body = RequestBody::Lease(LeaseOp::SessionClose(self.request(group_id)));
             match self.call(group_id, body).await {
-                Ok(ResponseBody::Lease(_)) => {}
+                Ok(ResponseBody::Lease(LeaseResult {
+                    reply: LeaseReply::SessionClosed(receipt),
+                    ..
+                })) => receipts.push(receipt),
                 // Already ended there: nothing left to close.
                 Err(ClientError::Server {
                     code: ErrorCode::LeaseExpired | ErrorCode::NotFound,
@@ -325,7 +501,7 @@ impl Session {
                 Err(error) => first_error = first_error.or(Some(error)),
             }
         }
-        first_error.map_or(Ok(()), Err)
+        first_error.map_or(Ok(receipts), Err)
     }
 
     fn request(&self, group_id: u32) -> SessionRequest {
@@ -412,6 +588,7 @@ impl Session {
                     safe_deadline: sent_at + window,
                     leases: BTreeMap::new(),
                     lost: false,
+                    last_keepalive: None,
                 },
             );
             true
@@ -426,6 +603,158 @@ impl Session {
         let stop = self.inner.stop_tx.subscribe();
         tokio::spawn(keep_group_alive(inner, group_id, stop));
         Ok(())
+    }
+}
+
+/// How long a group's keep-alive batcher waits for more keep-alives after the first of a batch.
+pub const KEEPALIVE_COALESCE: Duration = Duration::from_millis(20);
+/// Most keep-alives in one Batch request.
+pub const KEEPALIVE_BATCH_MAX: usize = tenure_proto::client::BATCH_OPS_MAX;
+/// Keep-alives waiting in one group's batcher at most (beyond: sent on their own).
+const KEEPALIVE_QUEUE: usize = 4_096;
+/// Batch requests of one group's batcher in flight at once.
+const KEEPALIVE_BATCHES_INFLIGHT_MAX: usize = 8;
+
+/// One keep-alive waiting for its group's next Batch.
+#[derive(Debug)]
+pub(crate) struct KeepAliveItem {
+    op: LeaseOp,
+    give_up_at: Instant,
+    reply: tokio::sync::oneshot::Sender<Result<LeaseResult, ClientError>>,
+}
+
+/// The queue of one (group, tenant)'s keep-alive batcher.
+pub(crate) type KeepAliveQueue = mpsc::Sender<KeepAliveItem>;
+
+impl Client {
+    /// Sends one session keep-alive through its group's batcher (started on first use); falls
+    /// back to a request of its own when the batcher's queue is full.
+    async fn send_keepalive(
+        &self,
+        group_id: u32,
+        tenant_id: &str,
+        op: LeaseOp,
+        give_up_at: Instant,
+    ) -> Result<LeaseResult, ClientError> {
+        let queue = {
+            let mut batchers = match self.inner.keepalive_batchers.lock() {
+                Ok(batchers) => batchers,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            batchers
+                .entry((group_id, tenant_id.to_owned()))
+                .or_insert_with(|| {
+                    let (queue, items) = mpsc::channel(KEEPALIVE_QUEUE);
+                    tokio::spawn(run_keepalive_batcher(
+                        Arc::downgrade(&self.inner),
+                        group_id,
+                        tenant_id.to_owned(),
+                        items,
+                    ));
+                    queue
+                })
+                .clone()
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let item = KeepAliveItem {
+            op,
+            give_up_at,
+            reply,
+        };
+        match queue.try_send(item) {
+            Ok(()) => answer.await.unwrap_or_else(|_| Err(ClientError::Closed)),
+            Err(
+                mpsc::error::TrySendError::Full(item) | mpsc::error::TrySendError::Closed(item),
+            ) => {
+                let counters = &self.inner.counters;
+                counters.keepalive_requests.fetch_add(1, Ordering::Relaxed);
+                counters.keepalives.fetch_add(1, Ordering::Relaxed);
+                match self
+                    .call_until(
+                        Some(group_id),
+                        RequestBody::Lease(item.op),
+                        RequestFlags::default(),
+                        Some(tenant_id),
+                        give_up_at,
+                    )
+                    .await?
+                {
+                    ResponseBody::Lease(result) => Ok(result),
+                    _ => Err(protocol("SessionKeepAlive")),
+                }
+            }
+        }
+    }
+}
+
+/// Collects one group's keep-alives into Batch requests: a batch closes
+/// [`KEEPALIVE_COALESCE`] after its first keep-alive or at [`KEEPALIVE_BATCH_MAX`], and is sent
+/// with the earliest deadline of its members (each retried unchanged: keep-alives are
+/// idempotent). Stops when the client is gone.
+async fn run_keepalive_batcher(
+    inner: std::sync::Weak<crate::client::ClientInner>,
+    group_id: u32,
+    tenant_id: String,
+    mut items: mpsc::Receiver<KeepAliveItem>,
+) {
+    let inflight = Arc::new(tokio::sync::Semaphore::new(KEEPALIVE_BATCHES_INFLIGHT_MAX));
+    while let Some(first) = items.recv().await {
+        let mut batch = vec![first];
+        let window_end = tokio::time::Instant::now() + KEEPALIVE_COALESCE;
+        while batch.len() < KEEPALIVE_BATCH_MAX {
+            match tokio::time::timeout_at(window_end, items.recv()).await {
+                Ok(Some(item)) => batch.push(item),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let Ok(permit) = inflight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let client = Client { inner };
+        let tenant_id = tenant_id.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let deadline = batch
+                .iter()
+                .map(|item| item.give_up_at)
+                .min()
+                .unwrap_or_else(crate::time::now);
+            let ops: Vec<LeaseOp> = batch.iter().map(|item| item.op.clone()).collect();
+            let counters = &client.inner.counters;
+            counters.keepalive_requests.fetch_add(1, Ordering::Relaxed);
+            counters
+                .keepalives
+                .fetch_add(ops.len() as u64, Ordering::Relaxed);
+            let answer = client
+                .call_until(
+                    Some(group_id),
+                    RequestBody::Batch { ops },
+                    RequestFlags::default(),
+                    Some(&tenant_id),
+                    deadline,
+                )
+                .await;
+            match answer {
+                Ok(ResponseBody::Batch(results)) if results.len() == batch.len() => {
+                    for (item, result) in batch.into_iter().zip(results) {
+                        let _ = item.reply.send(result.map_err(ClientError::from_wire));
+                    }
+                }
+                Ok(_) => {
+                    for item in batch {
+                        let _ = item.reply.send(Err(protocol("a keep-alive Batch")));
+                    }
+                }
+                Err(error) => {
+                    for item in batch {
+                        let _ = item.reply.send(Err(error.clone()));
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -517,30 +846,35 @@ async fn keep_group_alive(
             if let Some(session) = inner.upgrade() {
                 session.keepalives_sent.fetch_add(1, Ordering::Relaxed);
             }
-            let body = RequestBody::Lease(LeaseOp::SessionKeepAlive(request.clone()));
+            let op = LeaseOp::SessionKeepAlive(request.clone());
             let answer = tokio::select! {
-                answer = client.call_until(
-                    Some(group_id),
-                    body,
-                    RequestFlags::default(),
-                    Some(&tenant_id),
-                    give_up_at,
-                ) => answer,
+                answer = client.send_keepalive(group_id, &tenant_id, op, give_up_at) => answer,
                 _ = stop.changed() => return,
             };
             let Some(session) = inner.upgrade() else {
                 return;
             };
             match answer {
-                Ok(ResponseBody::Lease(result))
-                    if matches!(result.reply, LeaseReply::SessionKept(_)) =>
-                {
+                Ok(LeaseResult {
+                    reply: LeaseReply::SessionKept(kept),
+                    ..
+                }) => {
                     session.keepalives_confirmed.fetch_add(1, Ordering::Relaxed);
                     let window = config.safety.safe_window(session.ttl_ms);
+                    let confirmed_at = crate::time::now();
                     with_groups(&session, |groups| {
                         if let Some(record) = groups.get_mut(&group_id) {
                             record.confirmed_sent_at = sent_at;
                             record.safe_deadline = sent_at + window;
+                            let count = record.last_keepalive.map_or(0, |k| k.count) + 1;
+                            record.last_keepalive = Some(KeepAliveConfirmed {
+                                count,
+                                sent_at,
+                                confirmed_at,
+                                log_time_ms: kept.log_time_ms,
+                                expires_at_ms: kept.expires_at_ms,
+                                safe_deadline: sent_at + window,
+                            });
                         }
                     });
                     break;

@@ -32,6 +32,9 @@ pub enum NegativeControl {
     /// (`tenure-server`'s founder pins): a founder wiped in the cluster's first seconds is
     /// admitted under its old id (breaks the replica gate: amnesia).
     IgnoreFounderPins,
+    /// SessionClose answers that the session's record ended but leaves it (and every lease
+    /// bound to it) active until it expires: the leases outlive their session's close.
+    SessionLeasesOutliveClose,
 }
 
 impl NegativeControl {
@@ -39,13 +42,14 @@ impl NegativeControl {
     pub const AVAILABLE: bool = cfg!(feature = "negative-controls");
 
     /// Every control, [`NegativeControl::None`] first.
-    pub const ALL: [NegativeControl; 6] = [
+    pub const ALL: [NegativeControl; 7] = [
         NegativeControl::None,
         NegativeControl::SkipExpiryCheck,
         NegativeControl::DisableDeduplication,
         NegativeControl::ResetTokensOnNewLeader,
         NegativeControl::ExpireByWallClock,
         NegativeControl::IgnoreFounderPins,
+        NegativeControl::SessionLeasesOutliveClose,
     ];
 
     /// Its name in configurations and reports (`skip-expiry-check`, ...).
@@ -57,6 +61,7 @@ impl NegativeControl {
             NegativeControl::ResetTokensOnNewLeader => "reset-tokens-on-new-leader",
             NegativeControl::ExpireByWallClock => "expire-by-wall-clock",
             NegativeControl::IgnoreFounderPins => "ignore-founder-pins",
+            NegativeControl::SessionLeasesOutliveClose => "session-leases-outlive-close",
         }
     }
 

@@ -227,6 +227,12 @@ fn main() -> anyhow::Result<()> {
         summary.late_writes += report.late_writes;
         summary.late_writes_rejected += report.late_writes_rejected;
         summary.inconclusive += report.inconclusive.len() as u64;
+        for what in &report.inconclusive {
+            println!(
+                "sim seed {}: inconclusive (not a pass): {what}",
+                report.seed
+            );
+        }
         for (kind, count) in &report.faults {
             *summary.nemeses.entry(kind.clone()).or_default() += count;
         }

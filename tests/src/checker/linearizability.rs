@@ -165,6 +165,30 @@ impl Model {
                 }
                 Some(next)
             }
+            // A session's keep-alive extends every lease bound to it, the version unchanged.
+            // (`check_resource` leaves keep-alives out of the search; kept for completeness.)
+            (Outcome::Granted { lease, token, .. }, OpKind::KeepAlive) => {
+                if !record.is_some_and(|r| holds(r, m, *lease, *token)) {
+                    return None;
+                }
+                let mut next = state.clone();
+                if let Some(r) = next.record.as_mut() {
+                    r.extended_ns = r.extended_ns.max(m.call);
+                    r.ttl_ms = op.ttl_ms;
+                }
+                Some(next)
+            }
+            // Closing the session ends the bound lease at once: expired, version unchanged.
+            (Outcome::Released { lease, token, .. }, OpKind::SessionClose) => {
+                if !record.is_some_and(|r| holds(r, m, *lease, *token)) {
+                    return None;
+                }
+                let mut next = state.clone();
+                if let Some(r) = next.record.as_mut() {
+                    r.ttl_ms = 0;
+                }
+                Some(next)
+            }
             (Outcome::Released { lease, token, .. }, OpKind::Release) => {
                 if !record.is_some_and(|r| holds(r, m, *lease, *token)) {
                     return None;
@@ -199,7 +223,10 @@ impl Model {
                     token_max: *token,
                 })
             }
-            (Outcome::Refused { code, .. }, OpKind::Renew | OpKind::Release | OpKind::Transfer) => {
+            (
+                Outcome::Refused { code, .. },
+                OpKind::Renew | OpKind::Release | OpKind::Transfer | OpKind::SessionClose,
+            ) => {
                 let ok = match code.as_str() {
                     "NOT_FOUND" => record.is_none(),
                     "LEASE_EXPIRED" => record.is_some_and(|r| self.inactive_possible(r, m.ret)),
@@ -299,7 +326,15 @@ impl Model {
                     });
                 }
             }
-            OpKind::Get => {}
+            // Only confirmed keep-alives are recorded.
+            OpKind::Get | OpKind::KeepAlive => {}
+            OpKind::SessionClose => {
+                if let Some(r) = next.record.as_mut() {
+                    if r.lease.is_some() && r.lease == op.lease && r.holder == m.holder {
+                        r.ttl_ms = 0;
+                    }
+                }
+            }
         }
         next
     }
@@ -396,8 +431,14 @@ pub fn check_resource<'a>(ops: &[&'a OpRecord], config: &CheckConfig) -> Verdict
     let mut holders: Vec<String> = Vec::new();
     let mut model_ops: Vec<ModelOp<'a>> = Vec::new();
     for &op in ops {
-        // Replays change nothing; unanswered reads say nothing.
-        if op.replay_of.is_some() || (op.kind == OpKind::Get && !op.outcome.is_definite()) {
+        // Replays change nothing; unanswered reads say nothing. Keep-alives are left to the
+        // other rules (windows, promised expiries): they only extend a lease, and leaving an
+        // extension out only lets the model allow more (an earlier possible expiry), never
+        // less, while each one would add an operation to search.
+        if op.replay_of.is_some()
+            || (op.kind == OpKind::Get && !op.outcome.is_definite())
+            || op.kind == OpKind::KeepAlive
+        {
             continue;
         }
         let mut index_of = |name: &str| match holders.iter().position(|h| h == name) {

@@ -588,7 +588,9 @@ fn check_acknowledged(
             (Outcome::Read { view, .. }, OpKind::Get) => {
                 check_read(resource, op, view.as_ref(), &leases, config, violations);
             }
-            (Outcome::Granted { lease, .. }, OpKind::Renew) if op.replay_of.is_none() => {
+            (Outcome::Granted { lease, .. }, OpKind::Renew | OpKind::KeepAlive)
+                if op.replay_of.is_none() =>
+            {
                 if let Some((released, release)) = leases.get(lease).and_then(|l| l.release) {
                     if released < op.invoke_ns {
                         violations.push(Violation::new(
@@ -735,7 +737,9 @@ fn check_read(
         .filter(|(c, op)| before(*c) && op.kind == OpKind::Renew)
         .count() as u64;
     let released = acknowledged.release.filter(|&(c, _)| before(c));
-    let version_min = 1 + renewals + u64::from(released.is_some());
+    // A session's close ends the lease without a new version (it is not the lease's release).
+    let released_itself = released.is_some_and(|(_, op)| op.kind == OpKind::Release);
+    let version_min = 1 + renewals + u64::from(released_itself);
     if v.version < version_min {
         let mut slice: Vec<&OpRecord> = acknowledged
             .extensions
@@ -753,7 +757,7 @@ fn check_read(
                  acknowledged (version at least {version_min})",
                 v.lease,
                 v.version,
-                if released.is_some() {
+                if released_itself {
                     " and its release"
                 } else {
                     ""
@@ -768,8 +772,13 @@ fn check_read(
                 Property::NoLostAck,
                 resource,
                 format!(
-                    "a read saw lease {} ACTIVE after its release had been acknowledged",
-                    v.lease
+                    "a read saw lease {} ACTIVE after its {} had been acknowledged",
+                    v.lease,
+                    if release.kind == OpKind::SessionClose {
+                        "session's close"
+                    } else {
+                        "release"
+                    }
                 ),
                 vec![release, read],
             ));

@@ -29,7 +29,7 @@ use rand::{Rng as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
 use tenure_client::{
     AcquireOptions, Client, ClientConfig, ClientError, Credentials, GetResult, Grant, LeaseId,
-    ResourceKey,
+    ResourceKey, Session,
 };
 use tenure_core::GroupId;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
@@ -253,6 +253,15 @@ impl WorkClock {
         }
     }
 
+    /// When something the client library observed at `instant` completed, as a completion time
+    /// (never earlier than the truth).
+    pub fn to_completion_ns(&self, instant: std::time::Instant) -> Nanos {
+        match self {
+            WorkClock::Machine(_) => self.to_ns(instant),
+            WorkClock::Simulated { tick_ns } => self.to_ns(instant).saturating_add(*tick_ns),
+        }
+    }
+
     /// A deadline the client library gave as an `Instant` (never later than the truth).
     pub fn to_ns(&self, instant: std::time::Instant) -> Nanos {
         match self {
@@ -372,6 +381,11 @@ pub struct TaskSet {
 impl TaskSet {
     /// A task of this set; `.run()` it.
     pub fn task(&self, spec: TaskSpec, fence: Fence) -> Task {
+        // One task in three, by name (the same tasks in every run of a seed).
+        let uses_sessions = spec.name.bytes().fold(0u64, |hash, byte| {
+            hash.wrapping_mul(31).wrapping_add(u64::from(byte))
+        }) % 3
+            == 0;
         Task {
             set: self.clone(),
             rng: SmallRng::seed_from_u64(spec.seed),
@@ -380,6 +394,8 @@ impl TaskSet {
             replayable: Vec::new(),
             held: None,
             request_seq: 0,
+            uses_sessions,
+            session: None,
         }
     }
 }
@@ -410,6 +426,16 @@ enum Call {
     Get {
         resource: String,
     },
+    /// Acquire bound to the task's session (opening it in the resource's group first).
+    SessionAcquire {
+        resource: String,
+    },
+    /// Close the task's session: the held lease (bound to it) ends with it.
+    SessionClose {
+        resource: String,
+        lease: LeaseRef,
+        holder: String,
+    },
 }
 
 impl Call {
@@ -420,6 +446,8 @@ impl Call {
             Call::Release { .. } => OpKind::Release,
             Call::Transfer { .. } => OpKind::Transfer,
             Call::Get { .. } => OpKind::Get,
+            Call::SessionAcquire { .. } => OpKind::Acquire,
+            Call::SessionClose { .. } => OpKind::SessionClose,
         }
     }
 
@@ -429,7 +457,9 @@ impl Call {
             | Call::Renew { resource, .. }
             | Call::Release { resource, .. }
             | Call::Transfer { resource, .. }
-            | Call::Get { resource } => resource,
+            | Call::Get { resource }
+            | Call::SessionAcquire { resource }
+            | Call::SessionClose { resource, .. } => resource,
         }
     }
 
@@ -437,8 +467,9 @@ impl Call {
         match self {
             Call::Renew { lease, .. }
             | Call::Release { lease, .. }
-            | Call::Transfer { lease, .. } => Some(*lease),
-            Call::Acquire { .. } | Call::Get { .. } => None,
+            | Call::Transfer { lease, .. }
+            | Call::SessionClose { lease, .. } => Some(*lease),
+            Call::Acquire { .. } | Call::Get { .. } | Call::SessionAcquire { .. } => None,
         }
     }
 
@@ -447,8 +478,9 @@ impl Call {
         match self {
             Call::Renew { holder, .. }
             | Call::Release { holder, .. }
-            | Call::Transfer { holder, .. } => Some(holder),
-            Call::Acquire { .. } | Call::Get { .. } => None,
+            | Call::Transfer { holder, .. }
+            | Call::SessionClose { holder, .. } => Some(holder),
+            Call::Acquire { .. } | Call::Get { .. } | Call::SessionAcquire { .. } => None,
         }
     }
 }
@@ -466,6 +498,10 @@ struct Held {
     deadline_ns: Nanos,
     /// When to renew next: a third of a ttl after the last confirmed extension was asked.
     renew_at_ns: Nanos,
+    /// For a lease bound to the task's session: its group, the count of the session's
+    /// confirmed keep-alives there already recorded (or sent before the grant was answered),
+    /// and when the grant was answered (only keep-alives sent after it extend this lease).
+    session: Option<(u32, u64, std::time::Instant)>,
 }
 
 /// What one attempt gave.
@@ -484,6 +520,10 @@ pub struct Task {
     replayable: Vec<(u64, Call, String)>,
     held: Option<Held>,
     request_seq: u64,
+    /// Session tasks (one task in three, by name) hold their leases in a session instead of
+    /// renewing them; `session` is the current one (a new one after a close or a loss).
+    uses_sessions: bool,
+    session: Option<Session>,
 }
 
 /// A grant as the history records it.
@@ -598,6 +638,10 @@ impl Task {
             let request_id = self.new_request_id();
             self.perform(call, Some(request_id), None).await;
         }
+        // Nothing is held any more: the session can go (unrecorded).
+        if let Some(session) = self.session.take() {
+            let _ = session.close().await;
+        }
     }
 
     async fn pause(&mut self, low_ms: u64, high_ms: u64) {
@@ -615,6 +659,10 @@ impl Task {
         let resource = resources[self.rng.random_range(0..resources.len())].clone();
         if roll < 0.20 {
             self.perform(Call::Get { resource }, None, None).await;
+            return;
+        }
+        if self.uses_sessions {
+            self.acquire_in_session(resource).await;
             return;
         }
         let request_id = self.new_request_id();
@@ -646,6 +694,7 @@ impl Task {
                     } else {
                         0
                     },
+                    session: None,
                 });
             }
             _ => self.pause(30, 150).await,
@@ -653,6 +702,10 @@ impl Task {
     }
 
     async fn while_holding(&mut self, held: Held) {
+        if held.session.is_some() {
+            self.while_holding_in_session(held).await;
+            return;
+        }
         let now = self.set.clock.now_ns();
         if now >= held.renew_at_ns {
             let request_id = self.new_request_id();
@@ -689,31 +742,198 @@ impl Task {
             self.fenced_write(&held).await;
             self.pause(5, 30).await;
         } else if roll < 0.52 {
-            let request_id = self.new_request_id();
-            self.perform(
-                Call::Release {
-                    resource: held.resource.clone(),
-                    lease: held.lease,
-                    holder: held.holder.clone(),
+            self.release_held(&held).await;
+        } else if roll < 0.55 {
+            self.transfer(&held).await;
+        } else if roll < 0.62 {
+            self.read_held(&held).await;
+        } else if roll < 0.66 && !self.replayable.is_empty() {
+            self.replay().await;
+        } else {
+            self.pause(20, 80).await;
+        }
+    }
+
+    /// Releases the held lease (whatever the answer, the task stops holding it).
+    async fn release_held(&mut self, held: &Held) {
+        let request_id = self.new_request_id();
+        self.perform(
+            Call::Release {
+                resource: held.resource.clone(),
+                lease: held.lease,
+                holder: held.holder.clone(),
+            },
+            Some(request_id),
+            None,
+        )
+        .await;
+        self.held = None;
+    }
+
+    /// Reads the held lease's resource.
+    async fn read_held(&mut self, held: &Held) {
+        self.perform(
+            Call::Get {
+                resource: held.resource.clone(),
+            },
+            None,
+            None,
+        )
+        .await;
+    }
+
+    /// The task's session, a new one if it has none.
+    fn session(&mut self) -> Result<Session, String> {
+        if let Some(session) = &self.session {
+            return Ok(session.clone());
+        }
+        let session = self
+            .set
+            .client
+            .session(
+                self.set.workload.tenant.clone(),
+                self.spec.holder.clone(),
+                self.ttl(),
+            )
+            .map_err(|error| error.to_string())?;
+        self.session = Some(session.clone());
+        Ok(session)
+    }
+
+    async fn acquire_in_session(&mut self, resource: String) {
+        if let Err(error) = self.session() {
+            tracing::warn!(task = %self.spec.name, "session: {error}");
+            self.pause(30, 150).await;
+            return;
+        }
+        let request_id = self.new_request_id();
+        let record = self
+            .perform(
+                Call::SessionAcquire {
+                    resource: resource.clone(),
                 },
                 Some(request_id),
                 None,
             )
             .await;
+        match record.outcome {
+            Outcome::Granted {
+                lease,
+                token,
+                safe_deadline_ns,
+                ..
+            } => {
+                let group = self
+                    .set
+                    .workload
+                    .groups
+                    .get(&resource)
+                    .copied()
+                    .unwrap_or(0);
+                // Keep-alives sent before the grant was answered are not recorded for it.
+                let seen = self
+                    .session
+                    .as_ref()
+                    .and_then(|s| s.last_keepalive(group))
+                    .map_or(0, |k| k.count);
+                self.held = Some(Held {
+                    resource,
+                    lease,
+                    holder: self.spec.holder.clone(),
+                    token,
+                    deadline_ns: safe_deadline_ns,
+                    renew_at_ns: Nanos::MAX,
+                    session: Some((group, seen, tokio::time::Instant::now().into_std())),
+                });
+            }
+            Outcome::Refused { ref code, .. } if code == "LEASE_EXPIRED" || code == "NOT_FOUND" => {
+                // The session ended in that group: a new session for the next acquires.
+                self.session = None;
+                self.pause(30, 150).await;
+            }
+            _ => self.pause(30, 150).await,
+        }
+    }
+
+    /// Records the session's confirmed keep-alives in the held lease's group since the last
+    /// one recorded (each extends the lease: an [`OpKind::KeepAlive`] record), and moves the
+    /// lease's safe deadline with them.
+    async fn record_keepalives(&mut self, held: &mut Held) {
+        let (Some(session), Some((group, seen, granted_at))) = (&self.session, held.session) else {
+            return;
+        };
+        let Some(kept) = session.last_keepalive(group) else {
+            return;
+        };
+        if kept.count <= seen {
+            return;
+        }
+        held.session = Some((group, kept.count, granted_at));
+        if kept.sent_at < granted_at {
+            return;
+        }
+        let clock = &self.set.clock;
+        let record = OpRecord {
+            id: self.spec.id_base | self.set.next_id.fetch_add(1, Ordering::Relaxed),
+            client: self.spec.name.clone(),
+            holder: held.holder.clone(),
+            resource: held.resource.clone(),
+            group,
+            kind: OpKind::KeepAlive,
+            request_id: None,
+            lease: Some(held.lease),
+            ttl_ms: self.set.workload.ttl_ms,
+            new_holder: None,
+            replay_of: None,
+            invoke_ns: clock.to_ns(kept.sent_at),
+            complete_ns: Some(clock.to_completion_ns(kept.confirmed_at)),
+            attempts: 1,
+            outcome: Outcome::Granted {
+                lease: held.lease,
+                token: held.token,
+                log_time_ms: kept.log_time_ms,
+                expires_at_ms: kept.expires_at_ms,
+                replayed: false,
+                safe_deadline_ns: clock.to_ns(kept.safe_deadline),
+            },
+        };
+        held.deadline_ns = held.deadline_ns.max(clock.to_ns(kept.safe_deadline));
+        self.set.sink.send(WorkerLine::Invoke(record.clone())).await;
+        self.set.sink.send(WorkerLine::Op(record)).await;
+    }
+
+    /// Holding a lease bound to the task's session: no renewals (the session's keep-alives
+    /// extend it); writes, releases, session closes and reads.
+    async fn while_holding_in_session(&mut self, mut held: Held) {
+        self.record_keepalives(&mut held).await;
+        self.held = Some(held.clone());
+        if self.set.clock.now_ns() >= held.deadline_ns {
+            // No keep-alive confirmed in time: the lease is lost (and so is the session there).
             self.held = None;
+            self.session = None;
+            return;
+        }
+        let roll: f64 = self.rng.random();
+        if roll < 0.45 {
+            self.fenced_write(&held).await;
+            self.pause(5, 30).await;
+        } else if roll < 0.52 {
+            self.release_held(&held).await;
         } else if roll < 0.55 {
-            self.transfer(&held).await;
-        } else if roll < 0.62 {
             self.perform(
-                Call::Get {
+                Call::SessionClose {
                     resource: held.resource.clone(),
+                    lease: held.lease,
+                    holder: held.holder.clone(),
                 },
                 None,
                 None,
             )
             .await;
-        } else if roll < 0.66 && !self.replayable.is_empty() {
-            self.replay().await;
+            self.held = None;
+            self.session = None;
+        } else if roll < 0.62 {
+            self.read_held(&held).await;
         } else {
             self.pause(20, 80).await;
         }
@@ -758,6 +978,7 @@ impl Task {
                 } else {
                     0
                 },
+                session: None,
             }),
             // Refused or unanswered: the old lease is gone either way (or going).
             _ => None,
@@ -823,8 +1044,10 @@ impl Task {
             request_id: request_id.clone(),
             lease: call.lease(),
             ttl_ms: match call.kind() {
-                OpKind::Acquire | OpKind::Renew | OpKind::Transfer => self.set.workload.ttl_ms,
-                OpKind::Release | OpKind::Get => 0,
+                OpKind::Acquire | OpKind::Renew | OpKind::Transfer | OpKind::KeepAlive => {
+                    self.set.workload.ttl_ms
+                }
+                OpKind::Release | OpKind::Get | OpKind::SessionClose => 0,
             },
             new_holder: match &call {
                 Call::Transfer { to, .. } => Some(to.clone()),
@@ -857,7 +1080,23 @@ impl Task {
         };
         record.outcome = outcome;
         record.complete_ns = complete_ns;
-        if replay_of.is_none() && record.outcome.is_definite() && call.kind() != OpKind::Get {
+        if matches!(call, Call::SessionAcquire { .. }) {
+            // A lease bound to a session lasts until the session's record expires, which may be
+            // sooner than a ttl after the grant: what the grant says is left (and, without an
+            // answer, nothing is sure: zero).
+            record.ttl_ms = match record.outcome {
+                Outcome::Granted {
+                    log_time_ms,
+                    expires_at_ms,
+                    ..
+                } => expires_at_ms.saturating_sub(log_time_ms),
+                _ => 0,
+            };
+        }
+        // A session acquire is not probed again: the task's session may have changed since,
+        // and the same request id with another session is another request (refused).
+        let replayable = call.kind() != OpKind::Get && !matches!(call, Call::SessionAcquire { .. });
+        if replay_of.is_none() && record.outcome.is_definite() && replayable {
             if let Some(request_id) = request_id {
                 if self.replayable.len() >= REPLAYABLE_MAX {
                     self.replayable.remove(0);
@@ -961,6 +1200,84 @@ impl Task {
                 Ok(result) => Attempt::Definite(read_outcome(result)),
                 Err(error) => classify_error(&error),
             },
+            Call::SessionAcquire { resource } => {
+                let Some(session) = self.session.clone() else {
+                    return Attempt::Final("no session".into());
+                };
+                match session
+                    .acquire_with(resource.clone(), request_id.map(str::to_string))
+                    .await
+                {
+                    Ok(lease) => {
+                        let deadline = session
+                            .safe_deadline(lease.group_id)
+                            .map_or(0, |d| self.set.clock.to_ns(d));
+                        Attempt::Definite(Outcome::Granted {
+                            lease: lease_ref(lease.lease_id),
+                            token: lease.fencing_token,
+                            log_time_ms: lease.log_time_ms,
+                            expires_at_ms: lease.expires_at_ms,
+                            replayed: lease.replayed,
+                            safe_deadline_ns: deadline,
+                        })
+                    }
+                    // Decided by the client library, not the state machine (the session was
+                    // lost meanwhile, or a replay no longer stands): the request may have been
+                    // granted. Ask the group again with the same request id for its definite
+                    // answer, recorded without a window (the lease is not held).
+                    Err(ClientError::Server {
+                        lease_error: None,
+                        code,
+                        ..
+                    }) if !code.retryable() => {
+                        let key = self.key(resource);
+                        let Some(request_id) = request_id else {
+                            return Attempt::Final("no request id".into());
+                        };
+                        match self
+                            .set
+                            .client
+                            .acquire_in_session(
+                                &key,
+                                &self.spec.holder,
+                                session.id(),
+                                Some(request_id.to_string()),
+                            )
+                            .await
+                        {
+                            Ok((_, grant)) => Attempt::Definite(Outcome::Granted {
+                                lease: lease_ref(grant.lease_id),
+                                token: grant.fencing_token,
+                                log_time_ms: grant.log_time_ms,
+                                expires_at_ms: grant.expires_at_ms,
+                                replayed: true,
+                                safe_deadline_ns: self.set.clock.now_ns(),
+                            }),
+                            Err(error) => classify_error(&error),
+                        }
+                    }
+                    Err(error) => classify_error(&error),
+                }
+            }
+            Call::SessionClose { lease, .. } => {
+                let Some(session) = self.session.clone() else {
+                    return Attempt::Final("no session".into());
+                };
+                let group = lease.group;
+                match session.close().await {
+                    Ok(receipts) => match receipts.iter().find(|r| r.group_id.0 == group) {
+                        Some(receipt) => Attempt::Definite(Outcome::Released {
+                            lease: *lease,
+                            token: lease.sequence,
+                            released_at_ms: receipt.closed_at_ms,
+                        }),
+                        // The session had already ended in that group.
+                        None => Attempt::Final("the session was not open in the group".into()),
+                    },
+                    // A close is not repeated (the handle is closed either way).
+                    Err(error) => Attempt::Final(error.to_string()),
+                }
+            }
         }
     }
 }

@@ -44,7 +44,7 @@ impl Builder {
         let id = self.next;
         self.next += 1;
         let request_id = match (kind, replay_of) {
-            (OpKind::Get, _) => None,
+            (OpKind::Get | OpKind::KeepAlive | OpKind::SessionClose, _) => None,
             (_, Some(original)) => self
                 .ops
                 .iter()
@@ -62,7 +62,10 @@ impl Builder {
             request_id,
             lease,
             new_holder: None,
-            ttl_ms: if matches!(kind, OpKind::Acquire | OpKind::Renew | OpKind::Transfer) {
+            ttl_ms: if matches!(
+                kind,
+                OpKind::Acquire | OpKind::Renew | OpKind::Transfer | OpKind::KeepAlive
+            ) {
                 TTL
             } else {
                 0
@@ -97,6 +100,36 @@ impl Builder {
             at_ms,
             Some(10),
             granted(sequence, log_ms, at_ms),
+            None,
+        )
+    }
+
+    /// A confirmed keep-alive of the session lease `sequence` is bound to, sent at `at_ms`.
+    fn keepalive(&mut self, holder: &str, sequence: u64, at_ms: u64, log_ms: u64) -> u64 {
+        self.push(
+            holder,
+            OpKind::KeepAlive,
+            Some(lease(sequence)),
+            at_ms,
+            Some(10),
+            granted(sequence, log_ms, at_ms),
+            None,
+        )
+    }
+
+    /// A close of the session lease `sequence` is bound to, at log time `log_ms`.
+    fn close_session(&mut self, holder: &str, sequence: u64, at_ms: u64, log_ms: u64) -> u64 {
+        self.push(
+            holder,
+            OpKind::SessionClose,
+            Some(lease(sequence)),
+            at_ms,
+            Some(10),
+            Outcome::Released {
+                lease: lease(sequence),
+                token: sequence,
+                released_at_ms: log_ms,
+            },
             None,
         )
     }
@@ -764,4 +797,52 @@ fn an_unanswered_transfer_revealed_by_a_read_passes() {
     }
     h.get(1_000, 2, "bob", "ACTIVE", 1, 2_000);
     assert_clean(&h.check());
+}
+
+/// A session-bound lease: kept alive past its grant's expiry by keep-alives alone (version
+/// unchanged), then ended by its session's close (EXPIRED, version unchanged), then granted to
+/// another holder.
+fn session_history() -> Builder {
+    let mut h = Builder::new();
+    h.acquire("alice", 1, 0, 1_000);
+    h.keepalive("alice", 1, 1_000, 2_000);
+    h.keepalive("alice", 1, 2_000, 3_000);
+    h.keepalive("alice", 1, 3_000, 4_000);
+    // Past the grant's own expiry (log 4000) and still ACTIVE at version 1.
+    h.get(3_500, 1, "alice", "ACTIVE", 1, 4_500);
+    h.refused("bob", OpKind::Acquire, 3_600, "ALREADY_HELD", Some("alice"));
+    h.close_session("alice", 1, 4_000, 5_000);
+    h.get(4_100, 1, "alice", "EXPIRED", 1, 5_100);
+    h.acquire("bob", 2, 4_200, 5_200);
+    h
+}
+
+#[test]
+fn a_session_bound_lease_kept_alive_then_closed_passes() {
+    assert_clean(&session_history().check());
+}
+
+#[test]
+fn a_session_lease_read_active_after_its_sessions_close_is_caught() {
+    let mut h = Builder::new();
+    h.acquire("alice", 1, 0, 1_000);
+    h.keepalive("alice", 1, 1_000, 2_000);
+    h.close_session("alice", 1, 1_500, 2_500);
+    // The negative control: the lease outlives its session's close.
+    h.get(1_600, 1, "alice", "ACTIVE", 1, 2_600);
+    assert_caught(&h.check(), Property::NoLostAck);
+}
+
+#[test]
+fn another_holder_inside_a_keepalive_extended_window_is_caught() {
+    let mut h = Builder::new();
+    h.acquire("alice", 1, 0, 1_000);
+    h.keepalive("alice", 1, 2_000, 3_000);
+    // Bob is granted at 4000 ms real time: past alice's first window (2890 ms), inside the
+    // one the keep-alive at 2000 ms gave (until 4890 ms), and before the keep-alive's promised
+    // expiry in log time.
+    h.acquire("bob", 2, 4_000, 5_000);
+    let report = h.check();
+    assert_caught(&report, Property::SingleHolder);
+    assert_caught(&report, Property::NoLostAck);
 }

@@ -276,6 +276,13 @@ fn each_negative_control_is_caught_in_simulation() {
             vec!["single-holder", "linearizable", "fencing"],
         ),
         (
+            "session-leases-outlive-close",
+            NegativeControl::SessionLeasesOutliveClose,
+            None,
+            vec![ClockRate],
+            vec!["no-lost-ack"],
+        ),
+        (
             "out-of-bound-drift",
             NegativeControl::None,
             Some(100_000),

@@ -28,7 +28,7 @@
 
 #![allow(clippy::print_stdout)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -38,8 +38,8 @@ use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 use tenure_client::{
     AcquireOptions, Client, ClientConfig, ClientError, ClusterChange, ClusterOp, Credentials,
-    Endpoint, Grant, GroupMembers, GroupStatus, LeaseId, LeaseStatus, LeaseView, NodeAddresses,
-    NodeState, NodeStatus, ResourceKey,
+    Endpoint, ErrorCode, Grant, GroupMembers, GroupStatus, LeaseId, LeaseStatus, LeaseView,
+    NodeAddresses, NodeState, NodeStatus, ResourceKey, SessionId,
 };
 
 /// Help heading of the options every subcommand accepts.
@@ -235,6 +235,99 @@ enum Command {
     /// The cluster's nodes: list them, announce a new one, drain, or remove one.
     #[command(subcommand)]
     Node(NodeCommand),
+    /// Sessions: one keep-alive per group for all the leases a session holds there (nothing
+    /// here keeps a session alive between calls: `keepalive` before its ttl runs out).
+    #[command(subcommand)]
+    Session(SessionCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum SessionCommand {
+    /// Open a session's record in groups (the group of each --resource, and each --group);
+    /// prints the session id (drawn at random unless --session names one).
+    Open {
+        /// The tenant.
+        #[arg(long, value_name = "TENANT")]
+        tenant: String,
+        /// Who owns the session (and holds every lease acquired in it).
+        #[arg(long, value_name = "OWNER")]
+        owner: String,
+        /// The session's ttl in milliseconds (within the tenant's lease ttl bounds).
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        ttl_ms: u64,
+        /// The session id (32 hex digits); a new random one by default.
+        #[arg(long, value_name = "ID", value_parser = parse_session_id)]
+        session: Option<SessionId>,
+        /// Open it in this group (repeatable).
+        #[arg(long, value_name = "GROUP")]
+        group: Vec<u32>,
+        /// Open it in this resource's group (repeatable).
+        #[arg(long, value_name = "RESOURCE")]
+        resource: Vec<String>,
+    },
+    /// Extend a session's record in each --group by its ttl.
+    Keepalive {
+        #[command(flatten)]
+        session: SessionArgs,
+        /// The group (repeatable).
+        #[arg(long, value_name = "GROUP", required = true)]
+        group: Vec<u32>,
+    },
+    /// Close a session's record in each --group (every group when none is named): its leases
+    /// there end at once. Groups without a record of it are skipped.
+    Close {
+        #[command(flatten)]
+        session: SessionArgs,
+        /// The group (repeatable; default: every group).
+        #[arg(long, value_name = "GROUP")]
+        group: Vec<u32>,
+    },
+    /// Acquire a resource bound to a session open in the resource's group.
+    Acquire {
+        #[command(flatten)]
+        session: SessionArgs,
+        /// The resource.
+        #[arg(long, value_name = "RESOURCE")]
+        resource: String,
+        /// Request id for deduplication.
+        #[arg(long, value_name = "ID")]
+        request_id: Option<String>,
+    },
+    /// The leases bound to a session, across every group.
+    List {
+        /// The tenant.
+        #[arg(long, value_name = "TENANT")]
+        tenant: String,
+        /// The session id.
+        #[arg(long, value_name = "ID", value_parser = parse_session_id)]
+        session: SessionId,
+        /// Only leases with this status.
+        #[arg(long, value_enum)]
+        status: Option<StatusFilter>,
+        /// Most leases examined (the tenant's leases, before the session filter).
+        #[arg(long, value_name = "N", default_value_t = 100_000,
+              value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        limit: u64,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct SessionArgs {
+    /// The tenant.
+    #[arg(long, value_name = "TENANT")]
+    tenant: String,
+    /// The session's owner.
+    #[arg(long, value_name = "OWNER")]
+    owner: String,
+    /// The session id (32 hex digits).
+    #[arg(long, value_name = "ID", value_parser = parse_session_id)]
+    session: SessionId,
+}
+
+fn parse_session_id(text: &str) -> Result<SessionId, String> {
+    text.trim()
+        .parse()
+        .map_err(|error: tenure_client::SessionIdParseError| error.to_string())
 }
 
 #[derive(Debug, Subcommand)]
@@ -574,6 +667,7 @@ async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
             Ok(members_report(&client.group_members(group).await?))
         }
         Command::Node(command) => Ok(node_command(client, command).await?),
+        Command::Session(command) => session_command(client, command).await,
         Command::Group(GroupCommand::Move {
             group,
             from,
@@ -584,6 +678,143 @@ async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
                 .move_replica(group, from, to, Duration::from_millis(wait_ms))
                 .await?,
         )),
+    }
+}
+
+// ----- sessions -----
+
+fn session_grant_fields(grant: &tenure_client::SessionGrant) -> Value {
+    json!({
+        "group_id": grant.group_id.0,
+        "created": grant.created,
+        "ttl_ms": grant.ttl_ms,
+        "remaining_ttl_ms": grant.expires_at_ms.saturating_sub(grant.log_time_ms),
+        "expires_at_log_ms": grant.expires_at_ms,
+        "bound_leases": grant.bound_leases,
+    })
+}
+
+/// One row per group of a session command, as a report.
+fn session_rows_report(session_id: SessionId, rows: Vec<Value>) -> Report {
+    let mut table = format!("session  {session_id}\n");
+    for row in &rows {
+        table.push_str(&format!("{row}\n"));
+    }
+    Report {
+        json: json!({ "session_id": session_id.to_string(), "groups": rows }),
+        table,
+        exit_code: 0,
+    }
+}
+
+async fn session_command(client: &Client, command: SessionCommand) -> anyhow::Result<Report> {
+    match command {
+        SessionCommand::Open {
+            tenant,
+            owner,
+            ttl_ms,
+            session,
+            group,
+            resource,
+        } => {
+            let session_id = session.unwrap_or_else(|| SessionId(rand::random::<u128>()));
+            let mut groups: BTreeSet<u32> = group.into_iter().collect();
+            for resource in resource {
+                groups.insert(
+                    client
+                        .group_of(&ResourceKey::new(tenant.clone(), resource))
+                        .await?,
+                );
+            }
+            if groups.is_empty() {
+                anyhow::bail!("name at least one --group or --resource to open the session in");
+            }
+            let mut rows = Vec::new();
+            for group in groups {
+                let grant = client
+                    .session_open(
+                        &tenant,
+                        group,
+                        session_id,
+                        &owner,
+                        Duration::from_millis(ttl_ms),
+                    )
+                    .await?;
+                rows.push(session_grant_fields(&grant));
+            }
+            Ok(session_rows_report(session_id, rows))
+        }
+        SessionCommand::Keepalive { session, group } => {
+            let mut rows = Vec::new();
+            for group in group {
+                let grant = client
+                    .session_keepalive(&session.tenant, group, session.session, &session.owner)
+                    .await?;
+                rows.push(session_grant_fields(&grant));
+            }
+            Ok(session_rows_report(session.session, rows))
+        }
+        SessionCommand::Close { session, group } => {
+            let groups: Vec<u32> = if group.is_empty() {
+                (0..client.routing().groups).collect()
+            } else {
+                group
+            };
+            let mut rows = Vec::new();
+            for group in groups {
+                match client
+                    .session_close(&session.tenant, group, session.session, &session.owner)
+                    .await
+                {
+                    Ok(receipt) => rows.push(json!({
+                        "group_id": group,
+                        "closed_at_log_ms": receipt.closed_at_ms,
+                        "leases_ended": receipt.leases_ended,
+                    })),
+                    // No record of the session there: nothing to close.
+                    Err(ClientError::Server {
+                        code: ErrorCode::NotFound,
+                        ..
+                    }) => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            Ok(session_rows_report(session.session, rows))
+        }
+        SessionCommand::Acquire {
+            session,
+            resource,
+            request_id,
+        } => {
+            let key = ResourceKey::new(session.tenant.clone(), resource);
+            let (group_id, grant) = client
+                .acquire_in_session(&key, &session.owner, session.session, request_id)
+                .await?;
+            Ok(fields_report(vec![
+                ("tenant_id", json!(key.tenant_id)),
+                ("resource_id", json!(key.resource_id)),
+                ("session_id", json!(session.session.to_string())),
+                ("lease_id", json!(grant.lease_id.to_string())),
+                ("fencing_token", json!(grant.fencing_token)),
+                ("expires_at_log_ms", json!(grant.expires_at_ms)),
+                ("group_id", json!(group_id)),
+            ]))
+        }
+        SessionCommand::List {
+            tenant,
+            session,
+            status,
+            limit,
+        } => {
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            let leases: Vec<LeaseView> = client
+                .list_all(&tenant, status.map(StatusFilter::status), limit)
+                .await?
+                .into_iter()
+                .filter(|lease| lease.session_id == Some(session))
+                .collect();
+            list_report(client, &leases).await
+        }
     }
 }
 

@@ -2,8 +2,9 @@
 //! active through several ttls on keep-alives alone (one per group, none per lease); another
 //! holder is refused meanwhile; when the session's record in one group ends, `Session::lost`
 //! names that group and exactly its leases while the other group's leases stay active; closing
-//! the session frees its remaining resources at once; and a session whose client stops (every
-//! handle dropped) expires, with its leases, after its ttl.
+//! the session frees its remaining resources at once; a session whose client stops (every
+//! handle dropped) expires, with its leases, after its ttl; and `tenurectl session` opens,
+//! acquires in, lists and closes a session.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::time::Duration;
@@ -13,7 +14,7 @@ use tenure_core::{GroupId, LeaseOp, LeaseReply, SessionRequest};
 use tenure_proto::client::{RequestBody, ResponseBody};
 use tenure_testkit::{TENANT, forward, wait_for};
 
-use crate::client_library::{cluster_with_a_follower_of_group_0, connect};
+use crate::client_library::{cluster_with_a_follower_of_group_0, connect, tenurectl_cluster_file};
 
 const TTL: Duration = Duration::from_millis(4_500);
 
@@ -135,4 +136,67 @@ async fn a_session_keeps_its_leases_per_group_and_reports_exactly_what_it_lost()
     .await
     .unwrap();
     assert!(free.fencing_token() > orphan.fencing_token);
+
+    // tenurectl: open in a resource's group, acquire in it, list its leases, close it.
+    let cluster_file = tenurectl_cluster_file(&cluster);
+    let resource = in_group(2, 0);
+    let tenurectl = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_tenurectl"))
+            .arg("--cluster")
+            .arg(&cluster_file)
+            .args(["-o", "json", "session"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "tenurectl session {args:?}: {stdout} {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_str::<serde_json::Value>(&stdout).unwrap()
+    };
+    let opened = tenurectl(&[
+        "open",
+        "--tenant",
+        TENANT,
+        "--owner",
+        "dave",
+        "--ttl-ms",
+        "30000",
+        "--resource",
+        &resource,
+    ]);
+    let session_id = opened["session_id"].as_str().unwrap().to_owned();
+    assert_eq!(opened["groups"][0]["group_id"], 2, "{opened}");
+    assert_eq!(opened["groups"][0]["created"], true, "{opened}");
+    let session_args = [
+        "--tenant",
+        TENANT,
+        "--owner",
+        "dave",
+        "--session",
+        &session_id,
+    ];
+    let mut acquire = vec!["acquire", "--resource", &resource];
+    acquire.extend(session_args);
+    let acquired = tenurectl(&acquire);
+    assert_eq!(acquired["session_id"], session_id.as_str(), "{acquired}");
+    let listed = tenurectl(&["list", "--tenant", TENANT, "--session", &session_id]);
+    assert_eq!(
+        listed["leases"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    let mut close = vec!["close", "--group", "2"];
+    close.extend(session_args);
+    let closed = tenurectl(&close);
+    assert_eq!(closed["groups"][0]["leases_ended"], 1, "{closed}");
+    let view = client
+        .get(&ResourceKey::new(TENANT, resource))
+        .await
+        .unwrap()
+        .view
+        .unwrap();
+    assert_eq!(view.status, LeaseStatus::Expired);
 }

@@ -354,7 +354,12 @@ impl LeaseStateMachine {
             SessionStatus::Active => {}
         }
         let leases_ended = record.bound_leases;
-        self.end_session(slot, SessionStatus::Closed, now_ms);
+        if !self
+            .negative_control
+            .breaks(crate::negative::NegativeControl::SessionLeasesOutliveClose)
+        {
+            self.end_session(slot, SessionStatus::Closed, now_ms);
+        }
         Ok(LeaseReply::SessionClosed(SessionReceipt {
             session_id,
             group_id: self.group_id,

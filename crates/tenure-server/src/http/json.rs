@@ -118,6 +118,67 @@ pub(super) struct GrantJson {
     pub(super) expires_at_log_ms: u64,
     pub(super) replayed: bool,
     pub(super) group_id: u32,
+    /// The session the lease is bound to (`/v1/sessions/acquire` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) session_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct SessionOpenJson {
+    pub(super) tenant_id: String,
+    /// 32 hex digits, drawn at random by the client.
+    pub(super) session_id: String,
+    pub(super) owner_id: String,
+    pub(super) group_id: u32,
+    #[serde(default)]
+    pub(super) ttl_seconds: Option<serde_json::Number>,
+    #[serde(default)]
+    pub(super) ttl_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct SessionRefJson {
+    pub(super) tenant_id: String,
+    pub(super) session_id: String,
+    pub(super) owner_id: String,
+    pub(super) group_id: u32,
+}
+
+#[derive(Deserialize)]
+pub(super) struct SessionAcquireJson {
+    pub(super) tenant_id: String,
+    pub(super) resource_id: String,
+    pub(super) session_id: String,
+    /// The session's owner.
+    pub(super) holder_id: String,
+    pub(super) request_id: String,
+}
+
+/// A session's record in one group after an open or a keep-alive.
+#[derive(Serialize)]
+pub(super) struct SessionJson {
+    pub(super) session_id: String,
+    pub(super) group_id: u32,
+    pub(super) created: bool,
+    pub(super) ttl_ms: u64,
+    pub(super) remaining_ttl_ms: u64,
+    /// Estimated like a grant's (this node's wall clock at arrival plus the remaining log time).
+    pub(super) expiry_time: String,
+    pub(super) log_time_ms: u64,
+    pub(super) expires_at_log_ms: u64,
+    /// Leases bound to the record, active at this log time.
+    pub(super) bound_leases: u64,
+}
+
+/// A session's record in one group after a close.
+#[derive(Serialize)]
+pub(super) struct SessionClosedJson {
+    pub(super) session_id: String,
+    pub(super) group_id: u32,
+    pub(super) closed: bool,
+    pub(super) closed_at_log_ms: u64,
+    /// Leases that ended with the record.
+    pub(super) leases_ended: u64,
 }
 
 /// A transfer's answer: the new holder's grant (the [`GrantJson`] fields, `created: true`), who
@@ -155,6 +216,10 @@ pub(super) struct LeaseJson {
     pub(super) ttl_ms: u64,
     pub(super) remaining_ttl_ms: u64,
     pub(super) expires_at_log_ms: u64,
+    /// The session the lease is bound to (absent for a lease with a ttl of its own, so Tenure
+    /// v1 answers are unchanged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) session_id: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -208,6 +273,7 @@ pub(super) fn grant_json(
         expires_at_log_ms: grant.expires_at_ms,
         replayed,
         group_id,
+        session_id: None,
     }
 }
 
@@ -237,6 +303,7 @@ pub(super) fn lease_json(
         ttl_ms: view.ttl_ms,
         remaining_ttl_ms: view.remaining_ttl_ms,
         expires_at_log_ms: view.expires_at_ms,
+        session_id: view.session_id.map(|id| id.to_string()),
     }
 }
 
@@ -255,6 +322,7 @@ pub(super) fn absent_lease_json(key: &ResourceKey) -> LeaseJson {
         ttl_ms: 0,
         remaining_ttl_ms: 0,
         expires_at_log_ms: 0,
+        session_id: None,
     }
 }
 

@@ -19,6 +19,10 @@
 //! | POST | `/v1/leases/transfer` | `{tenant_id, resource_id, lease_id, holder_id, new_holder_id, ttl_seconds \| ttl_ms, request_id}` | the new holder's grant `{lease_id, expiry_time, fencing_token, holder_id, previous_lease_id, previous_fencing_token, ...}` |
 //! | GET | `/v1/leases/{tenant_id}/{resource_id}` | `?stale=true` | `{found, lease}` |
 //! | POST | `/v1/leases/check-fence` | `{tenant_id, resource_id, fencing_token}` | `{current, fencing_token, status, latest_fencing_token, remaining_ttl_ms, group_id, log_time_ms}` |
+//! | POST | `/v1/sessions/open` | `{tenant_id, session_id, owner_id, group_id, ttl_seconds \| ttl_ms}` | `{session_id, group_id, created, ttl_ms, remaining_ttl_ms, expiry_time, bound_leases, ...}` |
+//! | POST | `/v1/sessions/keepalive` | `{tenant_id, session_id, owner_id, group_id}` | as open |
+//! | POST | `/v1/sessions/close` | `{tenant_id, session_id, owner_id, group_id}` | `{session_id, group_id, closed, closed_at_log_ms, leases_ended}` |
+//! | POST | `/v1/sessions/acquire` | `{tenant_id, resource_id, session_id, holder_id, request_id}` | the acquire answer with `session_id` (the lease's `group_id` is where the session must be open) |
 //! | GET | `/v1/tenants/{tenant_id}/leases` | `?page_size=&page_token=&filter_status=&stale=` | `{leases, next_page_token}` |
 //! | GET | `/healthz` | | `{status: "ok", node_id}` |
 //! | GET | `/readyz` | | the [`Readiness`] JSON, 200 when ready, else 503 |
@@ -91,9 +95,9 @@ use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tenure_core::{
-    AcquireRequest, ErrorCode, LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply, LeaseStatus,
-    LeaseView, ListRequest, ReleaseRequest, RenewRequest, ReplayState, ResourceKey,
-    TransferRequest,
+    AcquireRequest, ErrorCode, GroupId, LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply,
+    LeaseStatus, LeaseView, ListRequest, ReleaseRequest, RenewRequest, ReplayState, ResourceKey,
+    SessionAcquireRequest, SessionId, SessionOpenRequest, SessionRequest, TransferRequest,
 };
 use tenure_proto::client::{
     Principal, RequestBody, RequestFlags, ResponseBody, TOKEN_BYTES_MAX, WireError,
@@ -110,6 +114,7 @@ mod json;
 mod lease_handlers;
 mod ops_handlers;
 mod server;
+mod session_handlers;
 mod ttl;
 
 use errors::*;
@@ -117,6 +122,7 @@ use extract::*;
 use json::*;
 use lease_handlers::*;
 use ops_handlers::*;
+use session_handlers::*;
 use ttl::*;
 
 pub use server::{ServerLimits, StallIo, serve_router};
@@ -132,6 +138,14 @@ pub const TRANSFER_PATH: &str = "/v1/leases/transfer";
 /// `POST`: whether a fencing token is its resource's current active grant (not in Tenure v1:
 /// tenure's own route).
 pub const CHECK_FENCE_PATH: &str = "/v1/leases/check-fence";
+/// `POST`: open a session's record in one group (not in Tenure v1: tenure's own route).
+pub const SESSION_OPEN_PATH: &str = "/v1/sessions/open";
+/// `POST`: keep a session's record in one group alive.
+pub const SESSION_KEEPALIVE_PATH: &str = "/v1/sessions/keepalive";
+/// `POST`: close a session's record in one group (its leases end).
+pub const SESSION_CLOSE_PATH: &str = "/v1/sessions/close";
+/// `POST`: acquire a resource bound to a session.
+pub const SESSION_ACQUIRE_PATH: &str = "/v1/sessions/acquire";
 /// `GET`: a resource's lease.
 pub const GET_LEASE_PATH: &str = "/v1/leases/{tenant_id}/{resource_id}";
 /// `GET`: a tenant's leases, paged.
@@ -151,12 +165,16 @@ pub const OPENAPI_PATH: &str = "/openapi.json";
 pub const TESTING_FAULTS_PATH: &str = "/testing/faults";
 
 /// Every route of [`router`] as `(method, path)`, paths in axum/OpenAPI template syntax.
-pub const ROUTES: [(&str, &str); 11] = [
+pub const ROUTES: [(&str, &str); 15] = [
     ("post", ACQUIRE_PATH),
     ("post", RENEW_PATH),
     ("post", RELEASE_PATH),
     ("post", TRANSFER_PATH),
     ("post", CHECK_FENCE_PATH),
+    ("post", SESSION_OPEN_PATH),
+    ("post", SESSION_KEEPALIVE_PATH),
+    ("post", SESSION_CLOSE_PATH),
+    ("post", SESSION_ACQUIRE_PATH),
     ("get", GET_LEASE_PATH),
     ("get", LIST_LEASES_PATH),
     ("get", HEALTHZ_PATH),
@@ -366,6 +384,10 @@ fn router_with(backend: Arc<dyn Backend>) -> Router {
         .route(RELEASE_PATH, post(release))
         .route(TRANSFER_PATH, post(transfer))
         .route(CHECK_FENCE_PATH, post(check_fence))
+        .route(SESSION_OPEN_PATH, post(session_open))
+        .route(SESSION_KEEPALIVE_PATH, post(session_keepalive))
+        .route(SESSION_CLOSE_PATH, post(session_close))
+        .route(SESSION_ACQUIRE_PATH, post(session_acquire))
         .route(GET_LEASE_PATH, get(get_lease))
         .route(LIST_LEASES_PATH, get(list_leases))
         .route(HEALTHZ_PATH, get(healthz))

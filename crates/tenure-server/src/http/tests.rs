@@ -596,6 +596,148 @@ async fn check_fence_builds_the_request_and_maps_the_verdict() {
     harness.shutdown().await;
 }
 
+#[tokio::test]
+async fn session_routes_build_their_requests_and_shape_the_answers() {
+    use tenure_core::{
+        GroupId, SessionAcquireRequest, SessionGrant, SessionId, SessionOpenRequest,
+        SessionReceipt, SessionRequest,
+    };
+    let session = SessionId(0xabc);
+    let kept = |created| {
+        Ok(ResponseBody::Lease(LeaseResult {
+            reply: LeaseReply::SessionKept(SessionGrant {
+                session_id: session,
+                group_id: GroupId(2),
+                log_time_ms: 10_000,
+                expires_at_ms: 40_000,
+                ttl_ms: 30_000,
+                created,
+                bound_leases: 5,
+            }),
+            replayed: false,
+            group_id: 2,
+            replay: None,
+        }))
+    };
+    let closed = Ok(ResponseBody::Lease(LeaseResult {
+        reply: LeaseReply::SessionClosed(SessionReceipt {
+            session_id: session,
+            group_id: GroupId(2),
+            closed_at_ms: 12_000,
+            leases_ended: 5,
+        }),
+        replayed: false,
+        group_id: 2,
+        replay: None,
+    }));
+    let acquired = Ok(ResponseBody::Lease(LeaseResult {
+        reply: LeaseReply::Acquired(LeaseGrant {
+            lease_id: LeaseId {
+                group_id: GroupId(2),
+                sequence: 9,
+            },
+            fencing_token: 9,
+            log_time_ms: 11_000,
+            expires_at_ms: 40_000,
+            ttl_ms: 30_000,
+            created: true,
+        }),
+        replayed: false,
+        group_id: 2,
+        replay: None,
+    }));
+    let harness = start(
+        Fake::default()
+            .answer(kept(true))
+            .answer(kept(false))
+            .answer(acquired)
+            .answer(closed),
+    )
+    .await;
+    let id = format!("{session}");
+    let opened = harness
+        .post(
+            SESSION_OPEN_PATH,
+            &json!({"tenant_id": "acme", "session_id": id, "owner_id": "w", "group_id": 2, "ttl_seconds": 30}),
+        )
+        .await;
+    assert_eq!(opened.status, StatusCode::OK, "{}", opened.text);
+    let body = opened.json();
+    assert_eq!(body["session_id"], id.as_str());
+    assert_eq!(body["created"], true);
+    assert_eq!(body["remaining_ttl_ms"], 30_000);
+    assert_eq!(body["bound_leases"], 5);
+    let reference = json!({"tenant_id": "acme", "session_id": id, "owner_id": "w", "group_id": 2});
+    let kept_alive = harness.post(SESSION_KEEPALIVE_PATH, &reference).await;
+    assert_eq!(kept_alive.status, StatusCode::OK, "{}", kept_alive.text);
+    assert_eq!(kept_alive.json()["created"], false);
+    let acquire = harness
+        .post(
+            SESSION_ACQUIRE_PATH,
+            &json!({"tenant_id": "acme", "resource_id": "db", "session_id": id, "holder_id": "w", "request_id": "r1"}),
+        )
+        .await;
+    assert_eq!(acquire.status, StatusCode::OK, "{}", acquire.text);
+    assert_eq!(acquire.json()["session_id"], id.as_str());
+    assert_eq!(acquire.json()["fencing_token"], 9);
+    assert_eq!(acquire.json()["group_id"], 2);
+    let close = harness.post(SESSION_CLOSE_PATH, &reference).await;
+    assert_eq!(close.status, StatusCode::OK, "{}", close.text);
+    assert_eq!(close.json()["leases_ended"], 5);
+    let calls = harness.fake.lease_calls();
+    let request = SessionRequest {
+        tenant_id: "acme".into(),
+        group_id: GroupId(2),
+        session_id: session,
+        owner_id: "w".into(),
+    };
+    assert_eq!(
+        calls[0].1,
+        RequestBody::Lease(LeaseOp::SessionOpen(SessionOpenRequest {
+            tenant_id: "acme".into(),
+            group_id: GroupId(2),
+            session_id: session,
+            owner_id: "w".into(),
+            ttl_ms: 30_000,
+        }))
+    );
+    assert_eq!(
+        calls[1].1,
+        RequestBody::Lease(LeaseOp::SessionKeepAlive(request.clone()))
+    );
+    assert_eq!(
+        calls[2].1,
+        RequestBody::Lease(LeaseOp::AcquireInSession(SessionAcquireRequest {
+            key: ResourceKey::new("acme", "db"),
+            holder_id: "w".into(),
+            session_id: session,
+            request_id: "r1".into(),
+        }))
+    );
+    assert_eq!(
+        calls[3].1,
+        RequestBody::Lease(LeaseOp::SessionClose(request))
+    );
+    // A session id that is not 32 hex digits is refused before anything is called.
+    let bad = harness
+        .post(
+            SESSION_KEEPALIVE_PATH,
+            &json!({"tenant_id": "acme", "session_id": "xyz", "owner_id": "w", "group_id": 2}),
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.text);
+    // Another tenant's session: refused by the tenant check.
+    let other = harness
+        .post(
+            SESSION_CLOSE_PATH,
+            &json!({"tenant_id": "globex", "session_id": id, "owner_id": "w", "group_id": 2}),
+        )
+        .await;
+    assert_eq!(other.status, StatusCode::FORBIDDEN, "{}", other.text);
+    assert_eq!(harness.fake.lease_calls().len(), 4);
+    harness.shutdown().await;
+}
+
 #[test]
 fn ttl_seconds_convert_to_milliseconds_exactly() {
     let ms = |text: &str| seconds_to_ms(&serde_json::from_str(text).unwrap()).ok();

@@ -78,6 +78,7 @@ fn config(scenario: ScenarioKind, keyspace: u64, distribution: KeyDistribution) 
         leases: 0,
         held_per_worker_max: 100,
         acquire_phase_max: Duration::from_secs(60),
+        sessions: 0,
         seed: 3,
         run_tag: rand_tag(),
         progress: true,
@@ -222,6 +223,28 @@ async fn loadgen_scenarios_against_a_real_cluster() {
     assert!(report.ops_total >= 2000, "{details}");
     assert!(
         details["steady"]["renewals_per_request"].as_f64().unwrap() > 10.0,
+        "{details}"
+    );
+
+    // hold in sessions: the same 2,000 leases under 20 sessions, kept alive by one keep-alive
+    // per (session, group) per third of the ttl, coalesced per group; none may be lost.
+    let mut in_sessions = hold.clone();
+    in_sessions.sessions = 20;
+    in_sessions.run_tag = rand_tag();
+    let (_, json) = run_checked("loadgen hold sessions", &native, &in_sessions, &[]).await;
+    let details = &json["details"];
+    assert_eq!(details["held_at_start"], 2000, "{details}");
+    assert_eq!(details["held_at_end"], 2000, "{details}");
+    assert_eq!(details["lost"], 0, "{details}");
+    assert!(
+        details["steady"]["keepalives_confirmed"].as_u64().unwrap() > 0,
+        "{details}"
+    );
+    assert!(
+        details["steady"]["keepalives_per_request"]
+            .as_f64()
+            .unwrap()
+            >= 1.0,
         "{details}"
     );
 
