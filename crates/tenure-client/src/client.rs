@@ -241,7 +241,7 @@ pub(crate) struct ClientInner {
     pub(crate) closed: AtomicBool,
     /// One keep-alive batcher per (group, tenant): sessions' keep-alives of one group that fall
     /// due together go in one Batch request (`crate::session`).
-    pub(crate) keepalive_batchers: Mutex<BTreeMap<(u32, String), crate::session::KeepAliveQueue>>,
+    pub(crate) keepalive_batchers: Mutex<BTreeMap<(u32, String), crate::keepalive::KeepAliveQueue>>,
 }
 
 /// The tenure client. Cheap to clone; clones share connections, routing and the renewer.

@@ -50,6 +50,7 @@ mod config;
 mod connect;
 mod error;
 mod handle;
+mod keepalive;
 mod lease;
 mod link;
 mod renewer;

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rand::Rng as _;
 use tenure_core::{
     ErrorCode, GroupId, LeaseId, LeaseOp, LeaseReply, ReleaseReceipt, ReleaseRequest, ResourceKey,
     SessionAcquireRequest, SessionGrant, SessionId, SessionOpenRequest, SessionReceipt,
@@ -35,6 +36,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::client::Client;
 use crate::error::ClientError;
+use crate::keepalive::KeepAliveItem;
 
 /// A lease held under a [`Session`]: it has no ttl of its own and is valid exactly while its
 /// group's record of the session is ([`Session::is_valid`]).
@@ -162,7 +164,7 @@ impl Client {
                 client: self.clone(),
                 tenant_id: tenant_id.into(),
                 owner_id: owner_id.into(),
-                session_id: SessionId(rand::random::<u128>()),
+                session_id: self.new_session_id(),
                 ttl_ms,
                 groups: Mutex::new(BTreeMap::new()),
                 losses_tx,
@@ -284,6 +286,19 @@ impl Client {
                 "a session operation answered with another kind".into(),
             )),
         }
+    }
+}
+
+impl Client {
+    /// A new session id: the client id in the high 64 bits (two clients never draw the same
+    /// id, whatever their jitter seeds), 64 bits from the client's seeded generator in the low
+    /// ones (so a seeded client, as in the simulation, draws the same ids on every run).
+    fn new_session_id(&self) -> SessionId {
+        let low = match self.inner.rng.lock() {
+            Ok(mut rng) => rng.random::<u64>(),
+            Err(poisoned) => poisoned.into_inner().random::<u64>(),
+        };
+        SessionId((u128::from(self.inner.client_id) << 64) | u128::from(low))
     }
 }
 
@@ -614,17 +629,6 @@ pub const KEEPALIVE_BATCH_MAX: usize = tenure_proto::client::BATCH_OPS_MAX;
 const KEEPALIVE_QUEUE: usize = 4_096;
 /// Batch requests of one group's batcher in flight at once.
 const KEEPALIVE_BATCHES_INFLIGHT_MAX: usize = 8;
-
-/// One keep-alive waiting for its group's next Batch.
-#[derive(Debug)]
-pub(crate) struct KeepAliveItem {
-    op: LeaseOp,
-    give_up_at: Instant,
-    reply: tokio::sync::oneshot::Sender<Result<LeaseResult, ClientError>>,
-}
-
-/// The queue of one (group, tenant)'s keep-alive batcher.
-pub(crate) type KeepAliveQueue = mpsc::Sender<KeepAliveItem>;
 
 impl Client {
     /// Sends one session keep-alive through its group's batcher (started on first use); falls
