@@ -8,13 +8,15 @@
 //!
 //! Layout: [`target`] hides the service behind four lease operations; [`keys`] picks resources;
 //! [`stats`] records latencies in hdrhistograms and a per-second timeline; [`scenario`] runs the
-//! workers; [`report`] prints the table, writes the JSON report and draws the SVG plot.
+//! workers; [`node_metrics`] reads the nodes' own counters; [`report`] prints the table,
+//! writes the JSON report and draws the SVG plot.
 //!
 //! Must not depend on: any server crate (`tenure-server`, `tenure-storage`,
 //! `tenure-transport`), openraft or RocksDB. It sees tenure only as a client does, like the etcd
 //! target sees etcd, so both are measured the same way.
 
 pub mod keys;
+pub mod node_metrics;
 pub mod report;
 pub mod scenario;
 pub mod stats;

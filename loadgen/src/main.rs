@@ -22,7 +22,7 @@ use serde_json::json;
 use tenure_client::{Client, ClientConfig, Credentials, Endpoint};
 use tenure_loadgen::keys::{KeyChooser, KeyDistribution};
 use tenure_loadgen::report::Report;
-use tenure_loadgen::scenario::{self, LoadConfig, Mix, ScenarioKind};
+use tenure_loadgen::scenario::{self, LoadConfig, Mix, ScenarioKind, SessionEnd};
 
 /// mimalloc instead of glibc's malloc: allocation was about 15% of a node's CPU under load
 /// (perf), much of it `_int_malloc` and `malloc_consolidate`.
@@ -97,10 +97,15 @@ struct Args {
     /// Leases of hold (default 100000) and expiry (default 10000).
     #[arg(long)]
     leases: Option<u64>,
-    /// hold only, tenure only: hold the leases under this many sessions (one keep-alive per
-    /// session and group instead of a renewal per lease); 0 renews each lease (the default).
+    /// hold and expiry, tenure only: hold the leases under this many sessions (one keep-alive
+    /// per session and group instead of a renewal per lease); 0 gives each lease its own ttl
+    /// (the default). expiry with sessions needs --cluster: it reads the nodes' /metrics.
     #[arg(long, default_value_t = 0)]
     sessions: u64,
+    /// expiry with sessions: let the sessions expire (one last keep-alive to every record, then
+    /// none) or close them.
+    #[arg(long, value_enum, default_value = "expire")]
+    session_end: SessionEnd,
     /// Bound of hold's acquire phase (a target too slow to renew what it holds stops there).
     #[arg(long, default_value = "120s", value_parser = tenure_loadgen::parse_duration)]
     acquire_phase_max: Duration,
@@ -129,6 +134,19 @@ struct ClusterJson {
 #[derive(serde::Deserialize)]
 struct ClusterNode {
     http: Option<String>,
+}
+
+/// The nodes' HTTP addresses in a `cluster.json`.
+fn cluster_http_urls(cluster: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(cluster)
+        .with_context(|| format!("reading {}", cluster.display()))?;
+    let parsed: ClusterJson = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a cluster file", cluster.display()))?;
+    Ok(parsed
+        .nodes
+        .into_iter()
+        .filter_map(|node| node.http)
+        .collect())
 }
 
 fn split_list(text: &str) -> Vec<String> {
@@ -170,17 +188,7 @@ async fn connect(args: &Args, run_tag: u32) -> anyhow::Result<Target> {
         TargetKind::TenureHttp => {
             let urls = match (&args.cluster, &args.endpoints) {
                 (_, Some(endpoints)) => split_list(endpoints),
-                (Some(cluster), None) => {
-                    let text = std::fs::read_to_string(cluster)
-                        .with_context(|| format!("reading {}", cluster.display()))?;
-                    let parsed: ClusterJson = serde_json::from_str(&text)
-                        .with_context(|| format!("{} is not a cluster file", cluster.display()))?;
-                    parsed
-                        .nodes
-                        .into_iter()
-                        .filter_map(|node| node.http)
-                        .collect()
-                }
+                (Some(cluster), None) => cluster_http_urls(cluster)?,
                 (None, None) => bail!("tenure-http needs --cluster FILE or --endpoints"),
             };
             let credentials = match &args.token {
@@ -299,6 +307,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         held_per_worker_max: args.held_per_worker,
         acquire_phase_max: args.acquire_phase_max,
         sessions: args.sessions,
+        session_end: args.session_end,
+        node_metrics_urls: match (&args.cluster, args.target) {
+            (Some(cluster), TargetKind::Tenure | TargetKind::TenureHttp) => {
+                cluster_http_urls(cluster)?
+            }
+            _ => Vec::new(),
+        },
         seed: args.seed,
         run_tag,
         progress: !args.quiet,
@@ -313,6 +328,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "seed": args.seed,
         "run_tag": format!("{run_tag:08x}"),
         "held_per_worker": args.held_per_worker,
+        "sessions": args.sessions,
     });
     let target = Arc::new(connect(&args, run_tag).await?);
     if !args.quiet {

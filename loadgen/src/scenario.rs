@@ -16,7 +16,10 @@
 //!   the ttl; the report counts keep-alive requests instead of renewals.
 //! - `expiry`: K leases that all expire at once while background traffic (the mix) runs; it
 //!   reports how long until every one is reclaimed by a new holder, and the background's
-//!   throughput and p99 before and during the reclaim.
+//!   throughput and p99 before and during the reclaim. With `sessions` S > 0 (tenure only), the
+//!   K leases are acquired in S sessions whose records all end together (expire, or `close`);
+//!   it reports how long the nodes took to end every bound lease (their own counter), and the
+//!   background's p99 during that against before it (`session_expiry`).
 //!
 //! Closed loop: each worker waits for its answer before issuing the next operation. Open loop
 //! (`rate` set; `acquire`, `mixed`, `contended`): each worker has a fixed schedule at
@@ -41,6 +44,9 @@ use serde_json::{Value, json};
 use crate::keys::{KeyChooser, resource_name, unique_resource_name};
 use crate::stats::{IntervalSample, OpKind, OpSummary, Percentiles, Recorder};
 use crate::target::{HeldLease, HoldHandle, Target};
+
+mod session_expiry;
+pub use session_expiry::SessionEnd;
 
 /// The workloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -173,8 +179,14 @@ pub struct LoadConfig {
     /// Bound of the acquire phase of `hold` (a target that cannot renew what it already holds
     /// stops acquiring; the report then says how many it held).
     pub acquire_phase_max: Duration,
-    /// `hold` on tenure: hold the leases under this many sessions (0: renew each lease).
+    /// `hold` and `expiry` on tenure: hold the leases under this many sessions (0: each lease
+    /// on its own).
     pub sessions: u64,
+    /// `expiry` with sessions: how the sessions end.
+    pub session_end: SessionEnd,
+    /// The nodes' HTTP addresses (`http://host:port`), whose `/metrics` the session-expiry run
+    /// reads; empty when unknown.
+    pub node_metrics_urls: Vec<String>,
     /// Seed of the workers' random choices.
     pub seed: u64,
     /// Distinguishes this run's keys, holders and request ids from other runs'.
@@ -277,7 +289,11 @@ pub async fn run(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome,
             if config.rate_ops_per_s.is_some() {
                 return Err(ScenarioError::Config("expiry has no open-loop mode".into()));
             }
-            run_expiry(target, config).await
+            if config.sessions > 0 {
+                session_expiry::run_session_expiry(target, config).await
+            } else {
+                run_expiry(target, config).await
+            }
         }
     }
 }
@@ -1060,6 +1076,60 @@ async fn run_hold(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome
     })
 }
 
+/// Acquires `count` leases named by `key` in `sessions` (lease `i` in session `i mod S`) with
+/// `workers` concurrent workers, until all were tried or `deadline`; the leases held, each with
+/// its session's index.
+async fn acquire_in_sessions(
+    sessions: &Arc<Vec<tenure_client::Session>>,
+    recorder: &Arc<Recorder>,
+    workers: usize,
+    count: u64,
+    deadline: Instant,
+    key: impl Fn(u64) -> String + Send + Sync + Clone + 'static,
+) -> Result<Vec<(usize, tenure_client::SessionLease)>, ScenarioError> {
+    if sessions.is_empty() {
+        return Err(ScenarioError::Config("no sessions to acquire in".into()));
+    }
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..workers {
+        let (sessions, recorder, next, key) = (
+            sessions.clone(),
+            recorder.clone(),
+            next.clone(),
+            key.clone(),
+        );
+        tasks.spawn(async move {
+            let mut held = Vec::new();
+            loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                if index >= count || Instant::now() >= deadline {
+                    break;
+                }
+                let session_index = usize::try_from(index % sessions.len() as u64).unwrap_or(0);
+                let session = &sessions[session_index];
+                let sent = Instant::now();
+                let result = session.acquire(key(index)).await;
+                recorder.record(
+                    worker,
+                    OpKind::Acquire,
+                    sent.elapsed(),
+                    result.as_ref().map(drop).map_err(|error| error.code_str()),
+                );
+                if let Ok(lease) = result {
+                    held.push((session_index, lease));
+                }
+            }
+            held
+        });
+    }
+    let mut held = Vec::new();
+    while let Some(result) = tasks.join_next().await {
+        held.extend(result.map_err(|error| ScenarioError::Worker(error.to_string()))?);
+    }
+    Ok(held)
+}
+
 /// `hold` with sessions: the leases are acquired in `config.sessions` sessions (round robin) and
 /// kept alive by the sessions' keep-alives alone; the steady window counts keep-alive requests
 /// and checks at its end how many leases are still valid.
@@ -1096,41 +1166,15 @@ async fn run_session_hold(
         );
     }
     let phase_started = Instant::now();
-    let next = Arc::new(AtomicU64::new(0));
-    let mut tasks = tokio::task::JoinSet::new();
-    for worker in 0..config.workers {
-        let sessions = sessions.clone();
-        let recorder = phase_recorder.clone();
-        let next = next.clone();
-        let count = config.leases;
-        tasks.spawn(async move {
-            let mut held = Vec::new();
-            loop {
-                let index = next.fetch_add(1, Ordering::Relaxed);
-                if index >= count || Instant::now() >= deadline {
-                    break;
-                }
-                let session_index = usize::try_from(index % sessions.len() as u64).unwrap_or(0);
-                let session = &sessions[session_index];
-                let sent = Instant::now();
-                let result = session.acquire(format!("h{tag:08x}-{index}")).await;
-                recorder.record(
-                    worker,
-                    OpKind::Acquire,
-                    sent.elapsed(),
-                    result.as_ref().map(drop).map_err(|error| error.code_str()),
-                );
-                if let Ok(lease) = result {
-                    held.push((session_index, lease));
-                }
-            }
-            held
-        });
-    }
-    let mut held = Vec::new();
-    while let Some(result) = tasks.join_next().await {
-        held.extend(result.map_err(|error| ScenarioError::Worker(error.to_string()))?);
-    }
+    let held = acquire_in_sessions(
+        &sessions,
+        &phase_recorder,
+        config.workers,
+        config.leases,
+        deadline,
+        move |index| format!("h{tag:08x}-{index}"),
+    )
+    .await?;
     let phase_s = phase_started.elapsed().as_secs_f64();
     let _ = phase_reporter.finish(Instant::now()).await?;
     let acquire_phase = phase_figures(&phase_recorder, phase_s);
@@ -1352,31 +1396,55 @@ impl ManualHold {
     }
 }
 
+/// The expiry scenarios' background traffic: the mix on the run's keyspace, closed loop, a
+/// quarter of the workers (at least one), until `deadline`, recorded with a per-second reporter.
+struct Background {
+    recorder: Arc<Recorder>,
+    reporter: Reporter,
+    workers: usize,
+    tasks: tokio::task::JoinSet<(u64, u64)>,
+}
+
+impl Background {
+    fn start(target: &Arc<Target>, config: &LoadConfig, deadline: Instant) -> Background {
+        let recorder = Arc::new(Recorder::new());
+        let workers = (config.workers / 4).max(1);
+        let background = Arc::new(MixWorker {
+            target: target.clone(),
+            recorder: recorder.clone(),
+            scenario: ScenarioKind::Mixed,
+            keys: config.keys.clone(),
+            mix: config.mix,
+            ttl: config.ttl.max(Duration::from_secs(10)),
+            held_max: config.held_per_worker_max.max(1),
+            run_tag: config.run_tag,
+        });
+        let reporter = Reporter::start(recorder.clone(), Duration::ZERO, config.progress, None);
+        let mut tasks = tokio::task::JoinSet::new();
+        for index in 0..workers {
+            let worker = background.clone();
+            let rng = worker_rng(config.seed, index);
+            tasks.spawn(async move { worker.run(index, rng, deadline, None).await });
+        }
+        Background {
+            recorder,
+            reporter,
+            workers,
+            tasks,
+        }
+    }
+}
+
 async fn run_expiry(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome, ScenarioError> {
     let tag = config.run_tag;
     let start = Instant::now();
     let deadline = start + config.duration;
-    // Background traffic: the mix on this run's keyspace, closed loop, a quarter of the
-    // workers (at least one), for the whole run.
-    let recorder = Arc::new(Recorder::new());
-    let background_workers = (config.workers / 4).max(1);
-    let background = Arc::new(MixWorker {
-        target: target.clone(),
-        recorder: recorder.clone(),
-        scenario: ScenarioKind::Mixed,
-        keys: config.keys.clone(),
-        mix: config.mix,
-        ttl: config.ttl.max(Duration::from_secs(10)),
-        held_max: config.held_per_worker_max.max(1),
-        run_tag: tag,
-    });
-    let reporter = Reporter::start(recorder.clone(), Duration::ZERO, config.progress, None);
-    let mut background_tasks = tokio::task::JoinSet::new();
-    for index in 0..background_workers {
-        let worker = background.clone();
-        let rng = worker_rng(config.seed, index);
-        background_tasks.spawn(async move { worker.run(index, rng, deadline, None).await });
-    }
+    let Background {
+        recorder,
+        reporter,
+        workers: background_workers,
+        mut tasks,
+    } = Background::start(&target, config, deadline);
     // Baseline: two seconds (at most a quarter of the bound) of background traffic alone.
     tokio::time::sleep(Duration::from_secs(2).min(config.duration / 4)).await;
 
@@ -1434,8 +1502,8 @@ async fn run_expiry(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutco
     // Two more seconds of background traffic after the reclaim, then stop it.
     let background_stop_at = (reclaim_finished + Duration::from_secs(2)).min(deadline);
     tokio::time::sleep_until(background_stop_at.into()).await;
-    background_tasks.abort_all();
-    while background_tasks.join_next().await.is_some() {}
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
     let finished = Instant::now();
     let (timeline, measured_s) = reporter.finish(finished).await?;
 

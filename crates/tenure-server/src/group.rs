@@ -647,6 +647,14 @@ impl GroupHandle {
 fn record_reclaimed(output: &ApplyOutput) {
     if !output.reclaimed.is_empty() {
         ::metrics::counter!(m::EXPIRATIONS_TOTAL).increment(output.reclaimed.len() as u64);
+        let session_bound = output
+            .reclaimed
+            .iter()
+            .filter(|lease| lease.session_id.is_some())
+            .count();
+        if session_bound > 0 {
+            ::metrics::counter!(m::SESSION_LEASES_ENDED_TOTAL).increment(session_bound as u64);
+        }
     }
 }
 

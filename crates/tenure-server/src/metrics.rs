@@ -41,6 +41,9 @@ pub const GROUPS_HOSTED: &str = "tenure_groups_hosted";
 pub const ACTIVE_LEASES: &str = "tenure_active_leases";
 /// Leases reclaimed by Expire commands (and by acquires that reclaimed first) this node proposed.
 pub const EXPIRATIONS_TOTAL: &str = "tenure_expirations_total";
+/// Of those, leases bound to a session that ended (expired or closed): reclaimed by the Expire
+/// commands this node proposed, a bounded number per entry.
+pub const SESSION_LEASES_ENDED_TOTAL: &str = "tenure_session_leases_ended_total";
 /// WAL syncs of this node's storage.
 pub const FSYNCS_TOTAL: &str = "tenure_fsyncs_total";
 /// Log entries made durable per WAL sync (since start).
@@ -147,6 +150,7 @@ pub const COUNTERS: &[&str] = &[
     RAFT_PROPOSED_OPS_TOTAL,
     RAFT_COMMITS_TOTAL,
     EXPIRATIONS_TOTAL,
+    SESSION_LEASES_ENDED_TOTAL,
     FSYNCS_TOTAL,
     TRANSPORT_FRAMES_TOTAL,
     TRANSPORT_MESSAGES_TOTAL,

@@ -22,7 +22,7 @@ use common::{ClusterOptions, ProcessCluster};
 use tenure_client::{Client, ClientConfig, Credentials, Endpoint};
 use tenure_loadgen::keys::{KeyChooser, KeyDistribution};
 use tenure_loadgen::report::Report;
-use tenure_loadgen::scenario::{self, LoadConfig, Mix, RunOutcome, ScenarioKind};
+use tenure_loadgen::scenario::{self, LoadConfig, Mix, RunOutcome, ScenarioKind, SessionEnd};
 use tenure_loadgen::target::Target;
 use tenure_loadgen::target::http::{HttpCredentials, HttpTarget};
 use tenure_loadgen::target::tenure::TenureTarget;
@@ -79,6 +79,8 @@ fn config(scenario: ScenarioKind, keyspace: u64, distribution: KeyDistribution) 
         held_per_worker_max: 100,
         acquire_phase_max: Duration::from_secs(60),
         sessions: 0,
+        session_end: SessionEnd::Expire,
+        node_metrics_urls: Vec::new(),
         seed: 3,
         run_tag: rand_tag(),
         progress: true,
@@ -267,6 +269,42 @@ async fn loadgen_scenarios_against_a_real_cluster() {
     assert_eq!(details["reclaimed"], 500, "{details}");
     assert_eq!(details["unreclaimed"], 0, "{details}");
     println!("loadgen expiry: {details}");
+
+    // expiry in sessions: 2,000 leases in 2 sessions whose records all expire together; the
+    // nodes' own counter must show every bound lease ended, and a sample must be free after.
+    let mut session_expiry = expiry.clone();
+    session_expiry.leases = 2000;
+    session_expiry.sessions = 2;
+    session_expiry.workers = 32;
+    session_expiry.run_tag = rand_tag();
+    session_expiry.node_metrics_urls = cluster
+        .ids()
+        .into_iter()
+        .map(|id| cluster.http_url(id))
+        .collect();
+    let (_, json) = run_checked(
+        "loadgen expiry sessions",
+        &native,
+        &session_expiry,
+        &["ALREADY_HELD"],
+    )
+    .await;
+    let details = &json["details"];
+    assert_eq!(details["held"], 2000, "{details}");
+    assert_eq!(details["records_refused"], 0, "{details}");
+    assert!(details["ended"].as_u64().unwrap() >= 2000, "{details}");
+    assert!(
+        details["all_ended_after_earliest_end_ms"]
+            .as_f64()
+            .is_some(),
+        "{details}"
+    );
+    assert!(
+        details["free_after_sampled"].as_u64().unwrap() > 0,
+        "{details}"
+    );
+    assert_eq!(details["not_free_after_sampled"], 0, "{details}");
+    println!("loadgen expiry sessions: {details}");
 
     native.close().await;
 }
