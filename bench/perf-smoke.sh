@@ -29,54 +29,9 @@ IDLE_S=${IDLE_S:-10}
 TIME_LIMIT_S=${TIME_LIMIT_S:-1200}
 OUT=${OUT:-bench/results/perf-smoke-$(date -u +%Y%m%dT%H%M%SZ)}
 
-./scripts/install-deps.sh
-if [ -n "${BIN_DIR:-}" ]; then
-  bin=$BIN_DIR    # binaries built earlier (an A/B comparison of two builds)
-else
-  ./scripts/build.sh release
-  bin="${CARGO_TARGET_DIR:-target}/release"
-fi
-
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-work=$(mktemp -d /tmp/tenure-perf-smoke.XXXXXX)
-dev=""
-current=""
-# Stops `tenure dev` and its node processes (they run in process groups of their own): TERM, a
-# bounded wait, then KILL to whatever is left.
-stop_dev() {
-  [ -n "$dev" ] || return 0
-  local nodes pid
-  nodes=$(pgrep -P "$dev" || true)
-  kill -TERM "$dev" 2>/dev/null || true
-  for _ in $(seq 200); do kill -0 "$dev" 2>/dev/null || break; sleep 0.1; done
-  for pid in "$dev" $nodes; do kill -KILL "$pid" 2>/dev/null || true; done
-  dev=""
-}
-cleanup() {
-  if [ -n "$current" ]; then
-    kill -TERM "$current" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$current" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$current" 2>/dev/null || true
-  fi
-  stop_dev
-  if [ -n "${watchdog:-}" ]; then pkill -P "$watchdog" 2>/dev/null || true; kill "$watchdog" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-( sleep "$TIME_LIMIT_S"; echo "perf-smoke: time limit of ${TIME_LIMIT_S}s reached; stopping" >&2; kill -TERM $$ ) &
-watchdog=$!
-disown "$watchdog"
-
-# CPU seconds (user + system) of the node processes (USER_HZ = 100).
-node_cpu() {
-  local total=0 pid
-  for pid in $(pgrep -P "$dev" || true); do
-    total=$(awk -v t="$total" '{ sub(/.*\) /, ""); print t + ($12 + $13) / 100 }' "/proc/$pid/stat" 2>/dev/null || echo "$total")
-  done
-  echo "$total"
-}
+# BIN_DIR: binaries built earlier (an A/B comparison of two builds).
+. bench/lib.sh
+bench_setup perf-smoke
 
 # scrape NAME: every node's /metrics into $OUT/g$groups-NAME.metrics (nodes separated by a line).
 scrape() {
@@ -88,26 +43,15 @@ run() {
   local name=$1; shift
   local before after
   before=$(node_cpu)
-  timeout --signal=TERM --kill-after=10 300 "$bin/loadgen" --target tenure --cluster "$work/dev/cluster.json" \
-    --scenario mixed --quiet --report-json "$OUT/g$groups-$name.json" "$@" >"$OUT/g$groups-$name.txt" 2>&1 &
-  current=$!
-  wait "$current"
-  current=""
+  run_bounded 300 "$OUT/g$groups-$name.txt" "$OUT/g$groups-$name.stderr" "$bin/loadgen" --target tenure \
+    --cluster "$work/dev/cluster.json" --scenario mixed --quiet --report-json "$OUT/g$groups-$name.json" "$@"
   after=$(node_cpu)
   python3 bench/perf_smoke.py annotate "$OUT/g$groups-$name.json" "$before" "$after"
 }
 
 for groups in $GROUP_COUNTS; do
   echo "perf-smoke: $groups groups"
-  "$bin/tenure" dev --base-port 0 --groups "$groups" --data-dir "$work/dev" --duration-s "$TIME_LIMIT_S" \
-    >"$OUT/g$groups-dev.log" 2>&1 &
-  dev=$!
-  for _ in $(seq 600); do
-    [ -s "$work/dev/cluster.json" ] && break
-    kill -0 "$dev" 2>/dev/null || break
-    sleep 0.1
-  done
-  [ -s "$work/dev/cluster.json" ] || { echo "perf-smoke: tenure dev did not become ready" >&2; tail -20 "$OUT/g$groups-dev.log" >&2; exit 1; }
+  start_dev "$groups" "$OUT/g$groups-dev.log"
   sleep 3
   before=$(node_cpu)
   sleep "$IDLE_S"
@@ -123,7 +67,6 @@ for groups in $GROUP_COUNTS; do
   half_workers=$(python3 -c "import sys; print(max(1, min(int(sys.argv[1]), int(sys.argv[2]) * 60)))" "$WORKERS" "$rate")
   run half --workers "$half_workers" --rate "$rate" --warmup 2s --duration "${SAT_S}s"
   stop_dev
-  rm -rf "$work/dev"
 done
 
 python3 bench/perf_smoke.py table "$OUT" $GROUP_COUNTS | tee "$OUT/table.txt"

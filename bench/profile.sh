@@ -16,13 +16,8 @@ if ! command -v perf >/dev/null; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq linux-perf >/dev/null
 fi
 TENURE_GROUPS=${TENURE_GROUPS:-}   # empty: tenure dev's default for this machine's cores
-./scripts/install-deps.sh
-if [ -n "${BIN_DIR:-}" ]; then
-  bin=$BIN_DIR
-else
-  ./scripts/build.sh release
-  bin="${CARGO_TARGET_DIR:-target}/release"
-fi
+. bench/lib.sh
+bench_binaries
 work=$(mktemp -d /tmp/tenure-profile.XXXXXX)
 dev=""; load=""
 cleanup() {

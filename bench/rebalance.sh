@@ -43,13 +43,8 @@ MOVE_PAUSE_MS=${MOVE_PAUSE_MS:-}
 TIME_LIMIT_S=${TIME_LIMIT_S:-2700}
 OUT=${OUT:-bench/results/rebalance-$(date -u +%Y%m%dT%H%M%SZ)}
 
-./scripts/install-deps.sh
-if [ -n "${BIN_DIR:-}" ]; then
-  bin=$BIN_DIR
-else
-  ./scripts/build.sh release
-  bin="${CARGO_TARGET_DIR:-target}/release"
-fi
+. bench/lib.sh
+bench_binaries
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 work=$(mktemp -d /tmp/tenure-rebalance.XXXXXX)

@@ -31,84 +31,28 @@ ACQUIRE_MAX_S=${ACQUIRE_MAX_S:-600}
 TIME_LIMIT_S=${TIME_LIMIT_S:-3600}
 OUT=${OUT:-bench/results/sessions-hold-$(date -u +%Y%m%dT%H%M%SZ)}
 
-./scripts/install-deps.sh
-if [ -n "${BIN_DIR:-}" ]; then
-  bin=$BIN_DIR
-else
-  ./scripts/build.sh release
-  bin="${CARGO_TARGET_DIR:-target}/release"
-fi
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-work=$(mktemp -d /tmp/tenure-sessions-hold.XXXXXX)
-dev=""
-current=""
-sampler=""
-stop_dev() {
-  [ -n "$dev" ] || return 0
-  local nodes pid
-  nodes=$(pgrep -P "$dev" || true)
-  kill -TERM "$dev" 2>/dev/null || true
-  for _ in $(seq 200); do kill -0 "$dev" 2>/dev/null || break; sleep 0.1; done
-  for pid in "$dev" $nodes; do kill -KILL "$pid" 2>/dev/null || true; done
-  dev=""
-}
-cleanup() {
-  [ -n "$sampler" ] && kill "$sampler" 2>/dev/null || true
-  if [ -n "$current" ]; then
-    kill -TERM "$current" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$current" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$current" 2>/dev/null || true
-  fi
-  stop_dev
-  if [ -n "${watchdog:-}" ]; then pkill -P "$watchdog" 2>/dev/null || true; kill "$watchdog" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-( sleep "$TIME_LIMIT_S"; echo "sessions-hold: time limit of ${TIME_LIMIT_S}s reached; stopping" >&2; kill -TERM $$ ) &
-watchdog=$!
-disown "$watchdog"
-
-# CPU seconds (user + system) of the node processes (USER_HZ = 100).
-node_cpu() {
-  local total=0 pid
-  for pid in $(pgrep -P "$dev" || true); do
-    total=$(awk -v t="$total" '{ sub(/.*\) /, ""); print t + ($12 + $13) / 100 }' "/proc/$pid/stat" 2>/dev/null || echo "$total")
-  done
-  echo "$total"
-}
+. bench/lib.sh
+bench_setup sessions-hold
 
 for mode in $MODES; do
   sessions=0
   [ "$mode" = sessions ] && sessions=$SESSIONS
   echo "sessions-hold: $mode: $LEASES leases, ttl $TTL, $GROUP_COUNT groups, sessions $sessions"
-  "$bin/tenure" dev --base-port 0 --groups "$GROUP_COUNT" --data-dir "$work/dev" --duration-s "$TIME_LIMIT_S" \
-    >"$OUT/$mode-dev.log" 2>&1 &
-  dev=$!
-  for _ in $(seq 600); do
-    [ -s "$work/dev/cluster.json" ] && break
-    kill -0 "$dev" 2>/dev/null || break
-    sleep 0.1
-  done
-  [ -s "$work/dev/cluster.json" ] || { echo "sessions-hold: tenure dev did not become ready" >&2; tail -20 "$OUT/$mode-dev.log" >&2; exit 1; }
+  start_dev "$GROUP_COUNT" "$OUT/$mode-dev.log"
   sleep 3
   started=$(date +%s.%N)
   ( while true; do echo "$(date +%s.%N),$(node_cpu)"; sleep 1; done ) >"$OUT/$mode-cpu.csv" &
   sampler=$!
-  timeout --signal=TERM --kill-after=10 $((ACQUIRE_MAX_S + HOLD_S + 120)) "$bin/loadgen" --target tenure \
-    --cluster "$work/dev/cluster.json" --scenario hold --leases "$LEASES" --sessions "$sessions" \
-    --ttl "$TTL" --workers "$WORKERS" --duration "${HOLD_S}s" --acquire-phase-max "${ACQUIRE_MAX_S}s" \
-    --report-json "$OUT/$mode.json" >"$OUT/$mode.txt" 2>"$OUT/$mode.progress" &
-  current=$!
-  wait "$current" || echo "sessions-hold: loadgen ($mode) exited with $?" >&2
-  current=""
+  run_bounded $((ACQUIRE_MAX_S + HOLD_S + 120)) "$OUT/$mode.txt" "$OUT/$mode.progress" "$bin/loadgen" \
+    --target tenure --cluster "$work/dev/cluster.json" --scenario hold --leases "$LEASES" \
+    --sessions "$sessions" --ttl "$TTL" --workers "$WORKERS" --duration "${HOLD_S}s" \
+    --acquire-phase-max "${ACQUIRE_MAX_S}s" --report-json "$OUT/$mode.json" ||
+    echo "sessions-hold: loadgen ($mode) exited with $?" >&2
   ended=$(date +%s.%N)
   kill "$sampler" 2>/dev/null || true
   sampler=""
   echo "$started $ended" >"$OUT/$mode-window.txt"
   stop_dev
-  rm -rf "$work/dev"
 done
 
 python3 - "$OUT" "$HOLD_S" $MODES <<'EOF' | tee "$OUT/table.txt"
