@@ -242,6 +242,8 @@ pub(crate) struct ClientInner {
     /// One keep-alive batcher per (group, tenant): sessions' keep-alives of one group that fall
     /// due together go in one Batch request (`crate::session`).
     pub(crate) keepalive_batchers: Mutex<BTreeMap<(u32, String), crate::keepalive::KeepAliveQueue>>,
+    /// The origin of the grid keep-alives are aligned to (`crate::keepalive::aligned_due`).
+    pub(crate) keepalive_epoch: std::time::Instant,
 }
 
 /// The tenure client. Cheap to clone; clones share connections, routing and the renewer.

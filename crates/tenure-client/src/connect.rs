@@ -109,6 +109,7 @@ impl Client {
             faults,
             closed: AtomicBool::new(false),
             keepalive_batchers: Mutex::new(BTreeMap::new()),
+            keepalive_epoch: crate::time::now(),
         });
         tokio::spawn(run_renewer(Arc::downgrade(&inner), commands));
         let client = Client { inner };

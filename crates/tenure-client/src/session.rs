@@ -817,7 +817,13 @@ async fn keep_group_alive(
         }) else {
             return;
         };
-        let due = confirmed_sent_at + ttl / 3;
+        // A third of the ttl after the last confirmed send, moved early onto the client's
+        // keep-alive grid so that its sessions' keep-alives in this group share requests.
+        let due = crate::keepalive::aligned_due(
+            session.client.inner.keepalive_epoch,
+            confirmed_sent_at + ttl / 3,
+            ttl / 6,
+        );
         let give_up_at = safe_deadline.checked_sub(lead).unwrap_or(safe_deadline);
         let client = session.client.clone();
         let request = SessionRequest {

@@ -242,11 +242,13 @@ async fn loadgen_scenarios_against_a_real_cluster() {
         details["steady"]["keepalives_confirmed"].as_u64().unwrap() > 0,
         "{details}"
     );
+    // The 20 sessions' keep-alives are aligned to the client's grid (at most two phases per
+    // group), so each request carries several.
     assert!(
         details["steady"]["keepalives_per_request"]
             .as_f64()
             .unwrap()
-            >= 1.0,
+            >= 2.0,
         "{details}"
     );
 
