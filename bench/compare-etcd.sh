@@ -75,7 +75,13 @@ stop_servers() {
 cleanup() {
   [ -n "$current" ] && kill -TERM "$current" 2>/dev/null || true
   stop_servers
-  if [ -n "${watchdog:-}" ]; then pkill -P "$watchdog" 2>/dev/null || true; kill "$watchdog" 2>/dev/null || true; fi
+  if [ -n "${watchdog:-}" ]; then
+    # The watchdog first, then its sleep: the other way round it would go on to stop us.
+    local sleeper
+    sleeper=$(pgrep -P "$watchdog" || true)
+    kill "$watchdog" 2>/dev/null || true
+    [ -n "$sleeper" ] && kill $sleeper 2>/dev/null || true
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -60,7 +60,13 @@ cleanup() {
     for _ in $(seq 300); do kill -0 "$dev" 2>/dev/null || break; sleep 0.1; done
     for pid in "$dev" $nodes; do kill -KILL "$pid" 2>/dev/null || true; done
   fi
-  if [ -n "${watchdog:-}" ]; then pkill -P "$watchdog" 2>/dev/null || true; kill "$watchdog" 2>/dev/null || true; fi
+  if [ -n "${watchdog:-}" ]; then
+    # The watchdog first, then its sleep: the other way round it would go on to stop us.
+    local sleeper
+    sleeper=$(pgrep -P "$watchdog" || true)
+    kill "$watchdog" 2>/dev/null || true
+    [ -n "$sleeper" ] && kill $sleeper 2>/dev/null || true
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -6,7 +6,7 @@
 #            the same moment, so every record expires one ttl later
 #   close    every record is closed at once
 # For each: the time from the sessions' end to the nodes having ended every bound lease (their
-# counter `tenure_session_leases_ended_total`, read every 25 ms), and the background's p99
+# counter `tenure_session_leases_ended_total`, polled every 25 ms), and the background's p99
 # while they did (and 3 s after) against its p99 in the 3 s before (every lease held). Prints one table, writes
 # $OUT/table.txt, $OUT/<mode>.json (loadgen's report) and $OUT/<mode>.svg (its timeline plot).
 #
@@ -58,7 +58,11 @@ def ms(value):
 print(f"{'end':<7} {'leases':>8} {'sessions':>8} {'records':>7} {'ended':>8} {'all ended after end (ms)':>25} "
       f"{'fg p99 before (ms)':>18} {'fg p99 during (ms)':>18} {'ratio':>6} {'fg ops/s before':>15} {'during':>8} {'free after':>10}")
 for mode in modes:
-    d = json.load(open(f"{out}/{mode}.json"))["details"]
+    try:
+        d = json.load(open(f"{out}/{mode}.json"))["details"]
+    except (OSError, ValueError, KeyError) as error:
+        print(f"{mode:<7} no report ({error})")
+        continue
     before, during = d["background_before"], d["background_during"]
     ratio = d["background_p99_during_over_before"]
     # Latest possible end to the last lease ended; with "expire" the end is known to within

@@ -32,7 +32,7 @@ pub(crate) type KeepAliveQueue = mpsc::Sender<KeepAliveItem>;
 /// `epoch + k * quantum` at or before `due` (`due` itself before the epoch or with a zero
 /// quantum). Sending early is always safe (the safe deadline counts from the send), and costs at
 /// most one quantum. With the quantum a sixth of the ttl and keep-alives nominally a third of the
-/// ttl apart, a loop's keep-alives land on the grid from its second one on and stay there: every
+/// ttl apart, a loop's keep-alives land on the grid from its first one on and stay there: every
 /// session of the client with that ttl keeps its record in a group alive at the same grid points,
 /// so their keep-alives go in the same Batch requests (at most two phases per group and ttl).
 pub(crate) fn aligned_due(epoch: Instant, due: Instant, quantum: Duration) -> Instant {

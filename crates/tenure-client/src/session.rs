@@ -2,8 +2,8 @@
 //!
 //! A session is kept per Raft group (contract, sessions section): the first acquire in a group
 //! opens the session's record there, and a background task per group keeps that record alive
-//! with one `SessionKeepAlive` every third of the ttl, however many leases the session holds in
-//! the group. So renewal cost grows with (session, group) pairs, not with leases, and a group
+//! with one `SessionKeepAlive` every third of the ttl (moved early onto the client's keep-alive
+//! grid, `crate::keepalive::aligned_due`), however many leases the session holds in the group. So renewal cost grows with (session, group) pairs, not with leases, and a group
 //! that loses its quorum ends only that group's leases: [`Session::lost`] names the group and
 //! exactly the leases that went with it, while the other groups carry on.
 //!
@@ -625,14 +625,14 @@ impl Session {
 pub const KEEPALIVE_COALESCE: Duration = Duration::from_millis(20);
 /// Most keep-alives in one Batch request.
 pub const KEEPALIVE_BATCH_MAX: usize = tenure_proto::client::BATCH_OPS_MAX;
-/// Keep-alives waiting in one group's batcher at most (beyond: sent on their own).
+/// Keep-alives waiting in one group's batcher at most (beyond: the loop waits for room).
 const KEEPALIVE_QUEUE: usize = 4_096;
 /// Batch requests of one group's batcher in flight at once.
 const KEEPALIVE_BATCHES_INFLIGHT_MAX: usize = 8;
 
 impl Client {
-    /// Sends one session keep-alive through its group's batcher (started on first use); falls
-    /// back to a request of its own when the batcher's queue is full.
+    /// Sends one session keep-alive through its group's batcher (started on first use); waits
+    /// for room (until `give_up_at`) when the batcher's queue is full.
     async fn send_keepalive(
         &self,
         group_id: u32,
@@ -665,11 +665,31 @@ impl Client {
             give_up_at,
             reply,
         };
-        match queue.try_send(item) {
+        // A full queue (keep-alives are aligned, so a client with thousands of sessions fills
+        // it at once) makes the loop wait for room, within its deadline, rather than send a
+        // request of its own: the batcher drains it in Batch requests.
+        let queued = match queue.try_send(item) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(item)) => {
+                match tokio::time::timeout_at(give_up_at.into(), queue.send(item)).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(mpsc::error::SendError(item))) => Err(item),
+                    Err(_) => {
+                        return Err(ClientError::DeadlineExceeded {
+                            timeout_ms: 0,
+                            attempts: 0,
+                            last: "the group's keep-alive queue stayed full until the deadline"
+                                .into(),
+                        });
+                    }
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(item)) => Err(item),
+        };
+        match queued {
             Ok(()) => answer.await.unwrap_or_else(|_| Err(ClientError::Closed)),
-            Err(
-                mpsc::error::TrySendError::Full(item) | mpsc::error::TrySendError::Closed(item),
-            ) => {
+            // The batcher is gone (its client is closing): a request of its own.
+            Err(item) => {
                 let counters = &self.inner.counters;
                 counters.keepalive_requests.fetch_add(1, Ordering::Relaxed);
                 counters.keepalives.fetch_add(1, Ordering::Relaxed);
@@ -792,7 +812,7 @@ fn report_loss(inner: &SessionInner, group_id: u32, reason: String) {
 }
 
 /// The keep-alive loop of one group: one `SessionKeepAlive` a third of the ttl after the send
-/// time of the last confirmed one; retries until `loss_signal_lead` before the safe deadline,
+/// time of the last confirmed one, moved early onto the client's grid; retries until `loss_signal_lead` before the safe deadline,
 /// then reports the group lost. Holds only a weak reference, so dropping the session stops it.
 async fn keep_group_alive(
     inner: std::sync::Weak<SessionInner>,

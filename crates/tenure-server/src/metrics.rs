@@ -41,8 +41,10 @@ pub const GROUPS_HOSTED: &str = "tenure_groups_hosted";
 pub const ACTIVE_LEASES: &str = "tenure_active_leases";
 /// Leases reclaimed by Expire commands (and by acquires that reclaimed first) this node proposed.
 pub const EXPIRATIONS_TOTAL: &str = "tenure_expirations_total";
-/// Of those, leases bound to a session that ended (expired or closed): reclaimed by the Expire
-/// commands this node proposed, a bounded number per entry.
+/// Of those, leases bound to a session that ended (expired or closed), reclaimed a bounded
+/// number per entry. Counted, like `EXPIRATIONS_TOTAL`, by the node that proposed the entry when
+/// its proposal is answered: sum it over the nodes; an entry that commits only after its
+/// proposer lost the leadership is not counted.
 pub const SESSION_LEASES_ENDED_TOTAL: &str = "tenure_session_leases_ended_total";
 /// WAL syncs of this node's storage.
 pub const FSYNCS_TOTAL: &str = "tenure_fsyncs_total";

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tenure_client::{Client, Session, SessionId};
+use tenure_client::{AcquireOptions, Client, Session, SessionId};
 
 use super::{Background, LoadConfig, Recorder, RunOutcome, ScenarioError, phase_figures};
 use crate::node_metrics::NodeMetrics;
@@ -96,6 +96,12 @@ pub(super) async fn run_session_expiry(
     let start = Instant::now();
     let deadline = start + config.duration;
 
+    // The sessions (nothing is sent before the first acquire).
+    let owner = |index: u64| format!("s{tag:08x}-{index}");
+    let sessions: Vec<Session> = (0..config.sessions)
+        .map(|index| client.session(tenant.clone(), owner(index), config.ttl))
+        .collect::<Result<_, _>>()
+        .map_err(|error| ScenarioError::Config(format!("session: {error}")))?;
     // Background traffic: the mix, closed loop, a quarter of the workers, for the whole run.
     let Background {
         recorder,
@@ -105,11 +111,6 @@ pub(super) async fn run_session_expiry(
     } = Background::start(&target, config, deadline);
 
     // Phase 1: the leases, in the sessions (round robin).
-    let owner = |index: u64| format!("s{tag:08x}-{index}");
-    let sessions: Vec<Session> = (0..config.sessions)
-        .map(|index| client.session(tenant.clone(), owner(index), config.ttl))
-        .collect::<Result<_, _>>()
-        .map_err(|error| ScenarioError::Config(format!("session: {error}")))?;
     let sessions = Arc::new(sessions);
     let phase_recorder = Arc::new(Recorder::new());
     let acquire_workers = config.workers.saturating_sub(background_workers).max(1);
@@ -157,16 +158,45 @@ pub(super) async fn run_session_expiry(
                 })
         })
         .collect();
+    // At most FREE_CHECK_SAMPLE resources, evenly spaced.
     let sample: Vec<String> = held
         .iter()
-        .step_by((held.len() / FREE_CHECK_SAMPLE).max(1))
+        .step_by(held.len().div_ceil(FREE_CHECK_SAMPLE).max(1))
         .map(|(_, lease)| lease.key.resource_id.to_string())
         .collect();
     // Dropping every handle stops the keep-alives; one still in flight lands within this pause.
     drop(held);
     drop(sessions);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let ended = end_records(&client, &tenant, &records, config.session_end).await;
+    // A close takes effect as its answer travels back: the counter is watched from before the
+    // closes are sent. An expiry comes a ttl after the last keep-alives: it is watched from a
+    // little before the earliest moment it may come (a node's clock may run slightly ahead).
+    let watch = |from: Instant| {
+        tokio::spawn(watch_ended(
+            metrics.clone(),
+            ended_at_start,
+            held_count,
+            from,
+            deadline,
+        ))
+    };
+    let close_watch = (config.session_end == SessionEnd::Close).then(|| watch(Instant::now()));
+    let ended = tokio::time::timeout_at(
+        deadline.into(),
+        end_records(&client, &tenant, &records, config.session_end),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        // Not all answered within the run's bound: reported as refused, the run goes on to
+        // its report (the watch then ends at the bound too).
+        let now = Instant::now();
+        EndWindow {
+            earliest: now,
+            latest: now,
+            refused: records.len() as u64,
+            errors: vec!["the sessions could not be ended before the run's bound".into()],
+        }
+    });
     let (end_earliest, end_latest) = match config.session_end {
         SessionEnd::Expire => (ended.earliest + config.ttl, ended.latest + config.ttl),
         SessionEnd::Close => (ended.earliest, ended.latest),
@@ -186,57 +216,36 @@ pub(super) async fn run_session_expiry(
         );
     }
 
-    // Phase 3: read the nodes' counter until every lease ended (or the run's bound).
-    let mut curve: Vec<(f64, u64)> = Vec::new();
-    let mut first_ended: Option<Instant> = None;
-    let mut all_ended: Option<Instant> = None;
-    let mut scrape_errors = 0u64;
-    // Watching starts a little before the earliest end (a node's clock may run slightly ahead).
-    let watch_from = end_earliest
-        .checked_sub(Duration::from_millis(200))
-        .unwrap_or(end_earliest);
-    tokio::time::sleep_until(watch_from.min(deadline).into()).await;
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            break;
-        }
-        match metrics.counter_sum(SESSION_LEASES_ENDED).await {
-            Ok(total) => {
-                // A counter only grows; leases of other runs' sessions may add to it too. Its
-                // value is an integer count well below 2^53, exact in an f64.
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                let ended_now = (total - ended_at_start).max(0.0) as u64;
-                if curve.len() < CURVE_POINTS_MAX {
-                    curve.push((signed_s(now, end_latest), ended_now));
-                }
-                if ended_now > 0 {
-                    first_ended.get_or_insert(now);
-                }
-                if ended_now >= held_count {
-                    all_ended = Some(now);
-                    break;
-                }
-            }
-            Err(_) => scrape_errors += 1,
-        }
-        tokio::time::sleep(POLL_EVERY).await;
-    }
+    // Phase 3: the nodes' counter, until every lease ended (or the run's bound).
+    let watcher = match close_watch {
+        Some(watcher) => watcher,
+        None => watch(
+            end_earliest
+                .checked_sub(Duration::from_millis(200))
+                .unwrap_or(end_earliest),
+        ),
+    };
+    let watched = watcher
+        .await
+        .map_err(|error| ScenarioError::Worker(error.to_string()))?;
+    let (first_ended, all_ended) = (watched.first_ended, watched.all_ended);
     let watch_to = Instant::now();
     // The "during" window runs on for AFTERMATH: operations sent while the leases ended are
     // answered (and counted, by the second they are answered in) up to a few seconds later.
     let during_to = all_ended.unwrap_or(watch_to) + AFTERMATH;
     tokio::time::sleep_until(during_to.min(deadline).into()).await;
 
-    // Phase 4: a sample of the resources taken by a new holder (after the measured window).
+    // Phase 4: a sample of the resources taken by a new holder of the sessions' tenant (after
+    // the measured window, within the run's bound).
     let free = Arc::new(AtomicU64::new(0));
     let not_free = Arc::new(AtomicU64::new(0));
     let mut checks = tokio::task::JoinSet::new();
     let holder = format!("lg{tag:08x}-after");
     for chunk in sample.chunks(sample.len().div_ceil(acquire_workers.min(64)).max(1)) {
         let chunk = chunk.to_vec();
-        let (target, holder, free, not_free) = (
-            target.clone(),
+        let (client, tenant, holder, free, not_free) = (
+            client.clone(),
+            tenant.clone(),
             holder.clone(),
             free.clone(),
             not_free.clone(),
@@ -244,14 +253,24 @@ pub(super) async fn run_session_expiry(
         let ttl = config.ttl;
         checks.spawn(async move {
             for resource in chunk {
-                match target.acquire(&resource, &holder, ttl).await {
-                    Ok(_) => free.fetch_add(1, Ordering::Relaxed),
-                    Err(_) => not_free.fetch_add(1, Ordering::Relaxed),
+                let options = AcquireOptions::new(tenant.as_str(), resource, holder.as_str(), ttl);
+                let acquired =
+                    tokio::time::timeout(crate::target::OP_TIMEOUT, client.acquire_grant(options))
+                        .await;
+                match acquired {
+                    Ok(Ok(_)) => free.fetch_add(1, Ordering::Relaxed),
+                    Ok(Err(_)) | Err(_) => not_free.fetch_add(1, Ordering::Relaxed),
                 };
             }
         });
     }
-    while checks.join_next().await.is_some() {}
+    let all_checked = async { while checks.join_next().await.is_some() {} };
+    if tokio::time::timeout_at(deadline.into(), all_checked)
+        .await
+        .is_err()
+    {
+        checks.abort_all();
+    }
 
     // Two more seconds of background traffic, then stop it.
     tokio::time::sleep_until(
@@ -288,7 +307,7 @@ pub(super) async fn run_session_expiry(
         "records_refused": ended.refused,
         "record_errors": ended.errors,
         "end_window_ms": end_latest.saturating_duration_since(end_earliest).as_secs_f64() * 1000.0,
-        "ended": curve.last().map_or(0, |&(_, count)| count),
+        "ended": watched.ended,
         "first_ended_after_latest_end_ms": first_ended.map(|at| signed_s(at, end_latest) * 1000.0),
         "all_ended_after_latest_end_ms": all_ended.map(|at| signed_s(at, end_latest) * 1000.0),
         "all_ended_after_earliest_end_ms": all_ended.map(|at| signed_s(at, end_earliest) * 1000.0),
@@ -297,9 +316,14 @@ pub(super) async fn run_session_expiry(
             _ => Value::Null,
         },
         "counter_poll_ms": POLL_EVERY.as_secs_f64() * 1000.0,
+        "counter_times": "each poll reads every node at once and is stamped when the last answers: an upper bound on when the count was reached",
         "during_window": "from the earliest possible end to 3 s after the last lease ended",
-        "counter_scrape_errors": scrape_errors,
-        "ended_curve_s_after_latest_end": curve,
+        "counter_scrape_errors": watched.scrape_errors,
+        "ended_curve_s_after_latest_end": watched
+            .curve
+            .iter()
+            .map(|&(at, count)| (signed_s(at, end_latest), count))
+            .collect::<Vec<_>>(),
         "free_after_sampled": free.load(Ordering::Relaxed),
         "not_free_after_sampled": not_free.load(Ordering::Relaxed),
         "background_workers": background_workers,
@@ -310,6 +334,70 @@ pub(super) async fn run_session_expiry(
     Ok(RunOutcome::of_operations(
         &recorder, measured_s, timeline, details,
     ))
+}
+
+/// What the counter showed.
+struct Watched {
+    /// (when a poll's answers were all in, bound leases ended by then), at most
+    /// `CURVE_POINTS_MAX` points.
+    curve: Vec<(Instant, u64)>,
+    ended: u64,
+    first_ended: Option<Instant>,
+    all_ended: Option<Instant>,
+    scrape_errors: u64,
+}
+
+/// Polls the nodes' counter every `POLL_EVERY` from `from` until it shows `held` more bound
+/// leases ended than `at_start` (a counter only grows; other runs' sessions may add to it), or
+/// until `deadline`.
+async fn watch_ended(
+    metrics: NodeMetrics,
+    at_start: f64,
+    held: u64,
+    from: Instant,
+    deadline: Instant,
+) -> Watched {
+    let mut watched = Watched {
+        curve: Vec::new(),
+        ended: 0,
+        first_ended: None,
+        all_ended: None,
+        scrape_errors: 0,
+    };
+    let mut ticks = tokio::time::interval_at(from.into(), POLL_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        if tokio::time::timeout_at(deadline.into(), ticks.tick())
+            .await
+            .is_err()
+        {
+            return watched;
+        }
+        let polled =
+            tokio::time::timeout_at(deadline.into(), metrics.counter_sum(SESSION_LEASES_ENDED))
+                .await;
+        let now = Instant::now();
+        match polled {
+            Err(_) => return watched,
+            Ok(Err(_)) => watched.scrape_errors += 1,
+            Ok(Ok(total)) => {
+                // An integer count well below 2^53, exact in an f64.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let ended = (total - at_start).max(0.0) as u64;
+                watched.ended = ended;
+                if watched.curve.len() < CURVE_POINTS_MAX {
+                    watched.curve.push((now, ended));
+                }
+                if ended > 0 {
+                    watched.first_ended.get_or_insert(now);
+                }
+                if ended >= held {
+                    watched.all_ended = Some(now);
+                    return watched;
+                }
+            }
+        }
+    }
 }
 
 /// Seconds from `reference` to `at`, negative when `at` is earlier.
