@@ -57,11 +57,6 @@ impl NodeMetrics {
         }
     }
 
-    /// Whether any endpoint is known.
-    pub fn is_empty(&self) -> bool {
-        self.urls.is_empty()
-    }
-
     /// The sum over every node of the samples of counter `name` (all label sets). Every node
     /// must answer: a partial sum would look like progress going backwards.
     pub async fn counter_sum(&self, name: &str) -> Result<f64, ScrapeError> {

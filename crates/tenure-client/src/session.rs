@@ -3,9 +3,10 @@
 //! A session is kept per Raft group (contract, sessions section): the first acquire in a group
 //! opens the session's record there, and a background task per group keeps that record alive
 //! with one `SessionKeepAlive` every third of the ttl (moved early onto the client's keep-alive
-//! grid, `crate::keepalive::aligned_due`), however many leases the session holds in the group. So renewal cost grows with (session, group) pairs, not with leases, and a group
-//! that loses its quorum ends only that group's leases: [`Session::lost`] names the group and
-//! exactly the leases that went with it, while the other groups carry on.
+//! grid, `crate::keepalive::aligned_due`), however many leases the session holds in the group.
+//! So renewal cost grows with (session, group) pairs, not with leases, and a group that loses
+//! its quorum ends only that group's leases: [`Session::lost`] names the group and exactly the
+//! leases that went with it, while the other groups carry on.
 //!
 //! Keep-alives of the same group that fall due together, from every session of one client, are
 //! sent in one Batch request (a batcher per group collects them for
@@ -668,23 +669,16 @@ impl Client {
         // A full queue (keep-alives are aligned, so a client with thousands of sessions fills
         // it at once) makes the loop wait for room, within its deadline, rather than send a
         // request of its own: the batcher drains it in Batch requests.
-        let queued = match queue.try_send(item) {
-            Ok(()) => Ok(()),
-            Err(mpsc::error::TrySendError::Full(item)) => {
-                match tokio::time::timeout_at(give_up_at.into(), queue.send(item)).await {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(mpsc::error::SendError(item))) => Err(item),
-                    Err(_) => {
-                        return Err(ClientError::DeadlineExceeded {
-                            timeout_ms: 0,
-                            attempts: 0,
-                            last: "the group's keep-alive queue stayed full until the deadline"
-                                .into(),
-                        });
-                    }
-                }
+        let queued = match tokio::time::timeout_at(give_up_at.into(), queue.send(item)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(mpsc::error::SendError(item))) => Err(item),
+            Err(_) => {
+                return Err(ClientError::DeadlineExceeded {
+                    timeout_ms: 0,
+                    attempts: 0,
+                    last: "the group's keep-alive queue stayed full until the deadline".into(),
+                });
             }
-            Err(mpsc::error::TrySendError::Closed(item)) => Err(item),
         };
         match queued {
             Ok(()) => answer.await.unwrap_or_else(|_| Err(ClientError::Closed)),
