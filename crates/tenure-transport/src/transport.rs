@@ -138,13 +138,20 @@ pub fn grant_peer_limits(connection: &quinn::Connection, config: &TransportConfi
 }
 
 /// Binds a node's QUIC endpoint at `addr`, without a server configuration (the transport
-/// installs it), its stateless resets keyed by [`NodeTls::stateless_reset_key`] (stable across
-/// restarts).
+/// installs it), its stateless resets keyed by [`NodeTls::stateless_reset_key`] and its
+/// connection ids by [`NodeTls::connection_id_key`], both stable across restarts: a restarted
+/// node resets at once the connections peers and clients still hold to its previous incarnation.
 pub fn bind_endpoint(addr: SocketAddr, tls: &NodeTls) -> Result<quinn::Endpoint, TransportError> {
     let bind_error =
         |e: std::io::Error| TransportError::io(format!("binding the peer endpoint {addr}"), e);
     let socket = std::net::UdpSocket::bind(addr).map_err(bind_error)?;
-    let config = quinn::EndpointConfig::new(Arc::new(tls.stateless_reset_key()));
+    let mut config = quinn::EndpointConfig::new(Arc::new(tls.stateless_reset_key()));
+    let connection_id_key = tls.connection_id_key();
+    config.cid_generator(move || {
+        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(
+            connection_id_key,
+        ))
+    });
     quinn::Endpoint::new(config, None, socket, Arc::new(quinn::TokioRuntime)).map_err(bind_error)
 }
 

@@ -38,7 +38,7 @@ pub(crate) fn free_port() -> SocketAddr {
         .unwrap()
 }
 
-fn node_tls(ca: &ClusterCa, id: u64) -> NodeTls {
+pub(crate) fn node_tls(ca: &ClusterCa, id: u64) -> NodeTls {
     let certificate = issue_node_certificate(ca, id, &[]).unwrap();
     NodeTls::from_pem(
         id,

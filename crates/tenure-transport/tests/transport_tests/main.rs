@@ -5,4 +5,5 @@
 mod bad_input;
 mod cluster;
 mod membership;
+mod restart_reset;
 mod tls;
