@@ -1143,6 +1143,13 @@ impl Client {
                 }
                 Ok(Err(error)) => {
                     target.link.set_suspect(false);
+                    debug!(
+                        node = %target.link.addr,
+                        forward = flags.forward,
+                        group,
+                        attempt,
+                        "attempt refused: {error}"
+                    );
                     last = error.to_string();
                     if error.placement_version > self.read_routing(|r| r.placement_version()) {
                         self.refresh_routing_soon().await;
@@ -1188,6 +1195,13 @@ impl Client {
                 }
                 Err(LinkError::Final(error)) => return Err(error),
                 Err(error) => {
+                    debug!(
+                        node = %target.link.addr,
+                        forward = flags.forward,
+                        group,
+                        attempt,
+                        "attempt failed: {error}"
+                    );
                     // The node may be down: try another node (forwarding) and learn where the
                     // leader went. The request id is unchanged, so a request that was applied
                     // is answered with its stored outcome.

@@ -261,9 +261,11 @@ fn spawn_client(
         .arg(store)
         .args(["--resolve-timeout-ms", "30000"])
         .args(["--run-tag", &format!("s{:x}", config.seed)])
+        // The client library's debug lines are one per failed attempt (which node, forwarded or
+        // not, why) and per connection: what a failed run's client log must show.
         .env(
             "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,tenure_client=debug".into()),
         )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -586,6 +588,9 @@ async fn run_in(
         });
     }
     tokio::time::sleep(config.recovery).await;
+    // Clients that had not progressed by now are reported by the liveness check: its window is
+    // really this one (leaders, then the recovery time), whatever its bound.
+    let stopping_ns = mono_now_ns();
     let _ = monitor_stop.send(true);
     let _ = monitor.await;
     tracing::info!(
@@ -637,12 +642,19 @@ async fn run_in(
         .flat_map(|p| (1..=config.tasks_per_process).map(move |t| format!("p{p}t{t}")))
         .collect();
     let bound_ns = u64::try_from(config.liveness_bound.as_nanos()).unwrap_or(u64::MAX);
-    violations.extend(checker::check_liveness(
-        &history,
-        &client_names,
-        healed_ns,
-        bound_ns,
-    ));
+    let ran_after_heal_s = stopping_ns.saturating_sub(healed_ns) as f64 / 1e9;
+    violations.extend(
+        checker::check_liveness(&history, &client_names, healed_ns, bound_ns)
+            .into_iter()
+            .map(|mut violation| {
+                violation.message.push_str(&format!(
+                    " (the clients were asked to stop {ran_after_heal_s:.1}s after the heal: \
+                     leaders, then {:.0}s of recovery)",
+                    config.recovery.as_secs_f64()
+                ));
+                violation
+            }),
+    );
     violations.extend(two_leaders_in_a_term(&lock(&shared.claims)));
     if let Ok(text) = serde_json::to_string(&history) {
         let _ = std::fs::write(dir.join("history.json"), text);

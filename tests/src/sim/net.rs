@@ -159,7 +159,10 @@ impl ConnectionIdGenerator for SeededIds {
 ///
 /// `reset_key` authenticates its stateless resets: a node's must stay the same across restarts
 /// (as `tenure_transport::bind_endpoint` keeps it), so its peers drop their connections to its
-/// previous incarnation at once.
+/// previous incarnation at once. The seeded connection ids here are never refused as invalid;
+/// `bind_endpoint`'s are hashed with a key that is also the same across restarts, so a restarted
+/// node answers its previous incarnation's ids with a reset too (with quinn's default random key
+/// it dropped them, and the simulation could not see that).
 pub async fn endpoint(
     seed: u64,
     reset_key: ring::hmac::Key,
