@@ -1143,13 +1143,17 @@ impl Client {
                 }
                 Ok(Err(error)) => {
                     target.link.set_suspect(false);
-                    debug!(
-                        node = %target.link.addr,
-                        forward = flags.forward,
-                        group,
-                        attempt,
-                        "attempt refused: {error}"
-                    );
+                    // Only answers that make the call try again (a business answer such as
+                    // ALREADY_HELD ends it and is the caller's to log).
+                    if error.code == ErrorCode::NotLeader || error.retryable {
+                        debug!(
+                            node = %target.link.addr,
+                            forward = flags.forward,
+                            group,
+                            attempt,
+                            "attempt refused: {error}"
+                        );
+                    }
                     last = error.to_string();
                     if error.placement_version > self.read_routing(|r| r.placement_version()) {
                         self.refresh_routing_soon().await;

@@ -343,16 +343,18 @@ impl NodeLink {
             }),
             Err(_) => {
                 self.forget_pending(&live, id);
-                let stats = live.connection.stats();
-                debug!(
-                    node = self.label(),
-                    rtt_ms = millis(live.connection.rtt()),
-                    cwnd = stats.path.cwnd,
-                    lost_packets = stats.path.lost_packets,
-                    datagrams_received = stats.udp_rx.datagrams,
-                    datagrams_sent = stats.udp_tx.datagrams,
-                    "no answer before the deadline"
-                );
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    let stats = live.connection.stats();
+                    debug!(
+                        node = self.label(),
+                        rtt_ms = millis(live.connection.rtt()),
+                        cwnd = stats.path.cwnd,
+                        lost_packets = stats.path.lost_packets,
+                        datagrams_received = stats.udp_rx.datagrams,
+                        datagrams_sent = stats.udp_tx.datagrams,
+                        "no answer before the deadline"
+                    );
+                }
                 Err(LinkError::Timeout {
                     addr: self.addr,
                     timeout_ms: millis(crate::time::elapsed(started)),

@@ -33,6 +33,7 @@
 
 pub mod certs;
 pub mod config;
+pub mod connection_ids;
 pub mod error;
 pub mod fault;
 mod heartbeat;

@@ -310,21 +310,16 @@ impl NodeTls {
         ring::hmac::Key::new(ring::hmac::HMAC_SHA256, context.finish().as_ref())
     }
 
-    /// The key of this node's QUIC connection ids (`quinn_proto::HashedConnectionIdGenerator`):
-    /// derived from the node's private key like [`NodeTls::stateless_reset_key`], so a restarted
-    /// node recognises the connection ids of its previous incarnation as its own and answers a
-    /// packet on one of them with a stateless reset. With a random key (quinn's default) it drops
-    /// such packets as junk ("invalid CID") and the stable reset key never comes into play: peers
-    /// and clients then hold their dead connections until the idle timeout (found by the fault
-    /// suite: a client process waited 10 s for a restarted leader).
-    pub fn connection_id_key(&self) -> u64 {
+    /// The key that tags this node's QUIC connection ids ([`crate::connection_ids`]): derived
+    /// from the node's private key like [`NodeTls::stateless_reset_key`] (another label), so a
+    /// restarted node recognises the ids of its previous incarnation and answers packets on
+    /// them with a stateless reset, instead of dropping them as invalid (which left its peers
+    /// and clients on dead connections until the idle timeout: found by the fault suite).
+    pub fn connection_id_key(&self) -> ring::hmac::Key {
         let mut context = ring::digest::Context::new(&ring::digest::SHA256);
         context.update(b"tenure connection id key v1\0");
         context.update(self.key.secret_der());
-        let digest = context.finish();
-        let mut key = [0u8; 8];
-        key.copy_from_slice(&digest.as_ref()[..8]);
-        u64::from_le_bytes(key)
+        ring::hmac::Key::new(ring::hmac::HMAC_SHA256, context.finish().as_ref())
     }
 }
 

@@ -588,9 +588,6 @@ async fn run_in(
         });
     }
     tokio::time::sleep(config.recovery).await;
-    // Clients that had not progressed by now are reported by the liveness check: its window is
-    // really this one (leaders, then the recovery time), whatever its bound.
-    let stopping_ns = mono_now_ns();
     let _ = monitor_stop.send(true);
     let _ = monitor.await;
     tracing::info!(
@@ -599,6 +596,9 @@ async fn run_in(
         "run: stopping clients"
     );
 
+    // A client that had not progressed by now has little time left to: the liveness check's
+    // message says how long after the heal this was.
+    let stopping_ns = mono_now_ns();
     violations.extend(stop_clients(std::mem::take(&mut clients)).await?);
     tracing::info!(seed = config.seed, "run: clients stopped; final reads");
 
@@ -648,8 +648,8 @@ async fn run_in(
             .into_iter()
             .map(|mut violation| {
                 violation.message.push_str(&format!(
-                    " (the clients were asked to stop {ran_after_heal_s:.1}s after the heal: \
-                     leaders, then {:.0}s of recovery)",
+                    " (the clients were asked to stop {ran_after_heal_s:.1}s after the heal, \
+                     after the wait for a leader in every group and {:.0}s more)",
                     config.recovery.as_secs_f64()
                 ));
                 violation

@@ -1,6 +1,8 @@
-//! A node that crashed and restarted resets, at once, the QUIC connections its peers still hold
-//! to its previous incarnation (its stateless-reset key is the same after a restart), whichever
-//! side dialled them.
+//! A node that crashed and restarted resets, as soon as a packet arrives on one, the QUIC
+//! connections its peers still hold to its previous incarnation, whichever side dialled them: its
+//! connection ids are tagged under a key derived from its private key, so it recognises them
+//! (with quinn's default random key it dropped their packets as invalid and the connections
+//! lived until the 10 s idle timeout), and its stateless resets are keyed the same way.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -121,7 +123,11 @@ fn survivor_connection_after_restart(
     let connection = runtime.block_on(async {
         if crashing_node_dials {
             let dialled = first.dial(&tls_crashing, surviving_addr, 1);
-            let accepted = survivor.accept().await.unwrap().await.unwrap();
+            let accepted = tokio::time::timeout(Duration::from_secs(10), async {
+                survivor.accept().await.unwrap().await.unwrap()
+            })
+            .await
+            .expect("the crashing node's dial never arrived");
             dialled.join().unwrap();
             accepted
         } else {
@@ -135,8 +141,23 @@ fn survivor_connection_after_restart(
     runtime.block_on(async {
         let mut send = connection.open_uni().await.unwrap();
         send.write_all(b"hello").await.unwrap();
-        // Past the handshake on both sides (HANDSHAKE_DONE received), as a long-lived link is.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // As a long-lived link is: the handshake confirmed and the survivor on a connection id
+        // the restarted node issued with a reset token (a client's handshake id has none, so a
+        // server can recognise its resets only after the first NEW_CONNECTION_ID).
+        let settled = Instant::now() + Duration::from_secs(10);
+        loop {
+            let frames = connection.stats().frame_rx;
+            // A server confirms the handshake itself; a client learns it from HANDSHAKE_DONE.
+            let confirmed = crashing_node_dials || frames.handshake_done > 0;
+            if confirmed && frames.new_connection_id > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < settled,
+                "the connection never settled: {frames:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
 
         first.crash();
         let second = Incarnation::start(&tls_crashing, crashing_addr);
