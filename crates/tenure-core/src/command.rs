@@ -90,6 +90,13 @@ pub enum LeaseOp {
     /// Grant the resource to the owner of a session, bound to the session's record in the key's
     /// group: the lease has no ttl of its own and is active exactly while that record is.
     AcquireInSession(SessionAcquireRequest),
+    /// Acquire, or, while the resource is held, wait for it in the resource's FIFO queue (in the
+    /// replicated state): a later release or expiry hands the resource to the first waiter still
+    /// alive, in the same apply (appended with wait queues: value format 5, client protocol 8).
+    AcquireWait(WaitAcquireRequest),
+    /// Leave a resource's wait queue. Idempotent and not deduplicated: it names the wait by the
+    /// request id of its AcquireWait.
+    WaitCancel(WaitCancelRequest),
 }
 
 /// The kind of a [`LeaseOp`], without its fields.
@@ -111,6 +118,10 @@ pub enum LeaseOpKind {
     SessionClose,
     /// [`LeaseOp::AcquireInSession`].
     AcquireInSession,
+    /// [`LeaseOp::AcquireWait`].
+    AcquireWait,
+    /// [`LeaseOp::WaitCancel`].
+    WaitCancel,
 }
 
 impl LeaseOpKind {
@@ -125,6 +136,8 @@ impl LeaseOpKind {
             LeaseOpKind::SessionKeepAlive => "SessionKeepAlive",
             LeaseOpKind::SessionClose => "SessionClose",
             LeaseOpKind::AcquireInSession => "AcquireInSession",
+            LeaseOpKind::AcquireWait => "AcquireWait",
+            LeaseOpKind::WaitCancel => "WaitCancel",
         }
     }
 
@@ -139,6 +152,8 @@ impl LeaseOpKind {
             LeaseOpKind::SessionKeepAlive => "session_keepalive",
             LeaseOpKind::SessionClose => "session_close",
             LeaseOpKind::AcquireInSession => "acquire_in_session",
+            LeaseOpKind::AcquireWait => "acquire_wait",
+            LeaseOpKind::WaitCancel => "wait_cancel",
         }
     }
 
@@ -147,8 +162,18 @@ impl LeaseOpKind {
     pub fn adds_lease(self) -> bool {
         matches!(
             self,
-            LeaseOpKind::Acquire | LeaseOpKind::AcquireInSession | LeaseOpKind::SessionOpen
+            LeaseOpKind::Acquire
+                | LeaseOpKind::AcquireInSession
+                | LeaseOpKind::SessionOpen
+                | LeaseOpKind::AcquireWait
         )
+    }
+
+    /// True for the operations that are idempotent by design and so neither looked up nor
+    /// recorded under a request id: the operations on a session's record, and WaitCancel (whose
+    /// request id names the wait it cancels, not itself).
+    pub fn is_unrecorded(self) -> bool {
+        self.is_session_record_op() || self == LeaseOpKind::WaitCancel
     }
 
     /// True for the operations on a session's record (open, keep-alive, close): addressed to a
@@ -173,6 +198,8 @@ impl LeaseOpKind {
             LeaseOpKind::SessionKeepAlive => 6,
             LeaseOpKind::SessionClose => 7,
             LeaseOpKind::AcquireInSession => 8,
+            LeaseOpKind::AcquireWait => 9,
+            LeaseOpKind::WaitCancel => 10,
         }
     }
 }
@@ -296,6 +323,36 @@ impl LeaseOp {
                 new_holder_id: None,
                 session_id: Some(r.session_id),
             },
+            LeaseOp::AcquireWait(r) => LeaseOpParts {
+                kind: LeaseOpKind::AcquireWait,
+                tenant_id: &r.key.tenant_id,
+                key: Some(&r.key),
+                group_id: None,
+                holder_id: &r.holder_id,
+                request_id: &r.request_id,
+                lease_id: None,
+                ttl_ms: match r.lease {
+                    WaitLease::Ttl { ttl_ms } => Some(ttl_ms),
+                    WaitLease::Session { .. } => None,
+                },
+                new_holder_id: None,
+                session_id: match r.lease {
+                    WaitLease::Ttl { .. } => None,
+                    WaitLease::Session { session_id } => Some(session_id),
+                },
+            },
+            LeaseOp::WaitCancel(r) => LeaseOpParts {
+                kind: LeaseOpKind::WaitCancel,
+                tenant_id: &r.key.tenant_id,
+                key: Some(&r.key),
+                group_id: None,
+                holder_id: &r.holder_id,
+                request_id: &r.request_id,
+                lease_id: None,
+                ttl_ms: None,
+                new_holder_id: None,
+                session_id: None,
+            },
         }
     }
 
@@ -396,6 +453,54 @@ pub struct SessionAcquireRequest {
     pub request_id: String,
 }
 
+/// What a waiter's lease will be once it is granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitLease {
+    /// A lease with its own ttl, counted from the log time of the grant (the hand-off's).
+    Ttl {
+        /// The ttl, within the tenant's bounds.
+        ttl_ms: u64,
+    },
+    /// A lease bound to this session's record in the key's group. The waiter is alive only while
+    /// that record is active: a waiter whose session ended is skipped and dropped.
+    Session {
+        /// The session; its owner must be the waiter's holder.
+        session_id: SessionId,
+    },
+}
+
+/// Input of AcquireWait.
+///
+/// The wait's `wait_ms` is not part of the request-id fingerprint: a client retrying after a
+/// lost answer may send what is left of its wait, and the queue keeps the first one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitAcquireRequest {
+    /// The resource.
+    pub key: ResourceKey,
+    /// Who asks (for a session lease: the session's owner).
+    pub holder_id: String,
+    /// The lease it gets.
+    pub lease: WaitLease,
+    /// How long it may wait, in log time from the entry that queued it (at least 1, at most the
+    /// tenant's largest ttl). A waiter whose wait has passed is never granted; Expire entries drop
+    /// it and answer its call with WAIT_ENDED (code ALREADY_HELD).
+    pub wait_ms: u64,
+    /// Deduplication id, scoped to the resource. A retry with the same id finds the grant, the
+    /// end of the wait, or the queue position; never a second place.
+    pub request_id: String,
+}
+
+/// Input of WaitCancel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitCancelRequest {
+    /// The resource.
+    pub key: ResourceKey,
+    /// The waiter's holder id.
+    pub holder_id: String,
+    /// The request id of the AcquireWait to cancel.
+    pub request_id: String,
+}
+
 /// Input of Renew.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RenewRequest {
@@ -459,6 +564,11 @@ pub enum LeaseReply {
     SessionKept(SessionGrant),
     /// SessionClose ended the group's record of the session (and every lease bound to it).
     SessionClosed(SessionReceipt),
+    /// AcquireWait: the resource is held, and the request waits in its queue (appended with
+    /// wait queues). Never stored under a request id: a retry finds the current position.
+    Queued(QueuedReceipt),
+    /// WaitCancel: what became of the wait.
+    WaitCancelled(WaitCancelReceipt),
 }
 
 impl LeaseReply {
@@ -468,9 +578,11 @@ impl LeaseReply {
         match self {
             LeaseReply::Acquired(grant) | LeaseReply::Renewed(grant) => Some(grant),
             LeaseReply::Transferred(receipt) => Some(&receipt.grant),
-            LeaseReply::Released(_) | LeaseReply::SessionKept(_) | LeaseReply::SessionClosed(_) => {
-                None
-            }
+            LeaseReply::Released(_)
+            | LeaseReply::SessionKept(_)
+            | LeaseReply::SessionClosed(_)
+            | LeaseReply::Queued(_)
+            | LeaseReply::WaitCancelled(_) => None,
         }
     }
 
@@ -482,9 +594,40 @@ impl LeaseReply {
             LeaseReply::Acquired(_)
             | LeaseReply::Renewed(_)
             | LeaseReply::SessionKept(_)
-            | LeaseReply::SessionClosed(_) => None,
+            | LeaseReply::SessionClosed(_)
+            | LeaseReply::Queued(_)
+            | LeaseReply::WaitCancelled(_) => None,
         }
     }
+}
+
+/// Where a waiting AcquireWait stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedReceipt {
+    /// Waiters ahead of this one (0: it is next).
+    pub position: u32,
+    /// Waiters in the resource's queue, this one included.
+    pub waiters: u32,
+    /// Log time of the entry that queued it.
+    pub queued_at_ms: u64,
+    /// Log time at which the wait ends unless it is granted first.
+    pub wait_until_ms: u64,
+    /// Log time of the entry that answered.
+    pub log_time_ms: u64,
+    /// The resource's current holder.
+    pub holder_id: CompactString,
+}
+
+/// What WaitCancel found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitCancelReceipt {
+    /// True when the wait was in the queue and has left it now.
+    pub cancelled: bool,
+    /// The grant the wait got before the cancel arrived (a hand-off): the caller holds that lease
+    /// and should release it if it no longer wants it. `None` when it was cancelled now, or the
+    /// group has no record of the wait (never queued, ended, or its request-id record's
+    /// retention ended).
+    pub granted: Option<LeaseGrant>,
 }
 
 /// The result of Transfer: the lease that ended and the one that began, at the same log time.
@@ -659,6 +802,29 @@ pub struct ReclaimedLease {
     pub session_id: Option<SessionId>,
 }
 
+/// A queued wait that ended while applying an entry: granted by a hand-off, or ended without a
+/// grant (its wait passed, it was cancelled, or it was found dead at a hand-off).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitEnded {
+    /// The resource's tenant.
+    pub tenant_id: CompactString,
+    /// The resource.
+    pub resource_id: CompactString,
+    /// The waiter.
+    pub holder_id: CompactString,
+    /// The request id of its AcquireWait.
+    pub request_id: CompactString,
+    /// Log time of the entry that queued it.
+    pub queued_at_ms: u64,
+    /// Its wait's end.
+    pub wait_until_ms: u64,
+    /// What its call is answered: `Ok(Acquired)` for a hand-off (the same outcome a retry of its
+    /// request id replays), an error otherwise.
+    pub outcome: Result<LeaseReply, LeaseError>,
+    /// For a hand-off: the fencing token of the lease whose end handed the resource over.
+    pub previous_fencing_token: Option<u64>,
+}
+
 /// Everything applying one entry produced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApplyOutput {
@@ -668,6 +834,8 @@ pub struct ApplyOutput {
     pub result: CommandResult,
     /// Leases reclaimed while applying this entry, oldest expiry first.
     pub reclaimed: Vec<ReclaimedLease>,
+    /// Waits that ended while applying this entry (hand-offs included), in the order they ended.
+    pub waits_ended: Vec<WaitEnded>,
 }
 
 /// The status of a resource's lease at a log time.

@@ -111,6 +111,12 @@ pub enum QuotaKind {
     GroupSessions,
     /// The tenant's maximum number of active sessions in one group.
     TenantSessions,
+    /// The most waiters one resource's queue holds (appended with wait queues).
+    ResourceWaiters,
+    /// The most waiters one group holds.
+    GroupWaiters,
+    /// The most waiters one tenant has in one group (its active-lease quota).
+    TenantWaiters,
 }
 
 impl fmt::Display for QuotaKind {
@@ -121,6 +127,9 @@ impl fmt::Display for QuotaKind {
             QuotaKind::GroupTenants => "group tenants",
             QuotaKind::GroupSessions => "group session records",
             QuotaKind::TenantSessions => "tenant active sessions",
+            QuotaKind::ResourceWaiters => "resource waiters",
+            QuotaKind::GroupWaiters => "group waiters",
+            QuotaKind::TenantWaiters => "tenant waiters",
         })
     }
 }
@@ -139,6 +148,30 @@ impl fmt::Display for OverloadReason {
             OverloadReason::DedupTableFull => {
                 "request-id table is full within its minimum retention"
             }
+        })
+    }
+}
+
+/// Why a queued wait ended without a grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitEndReason {
+    /// Its `wait_ms` passed before the resource was handed to it.
+    TimedOut,
+    /// Its holder cancelled it.
+    Cancelled,
+    /// Its session's record in the group ended (expired or closed) before a hand-off reached it.
+    SessionEnded,
+    /// The resource was handed over while the waiter's ttl no longer fitted the tenant's bounds.
+    TtlOutOfBounds,
+}
+
+impl fmt::Display for WaitEndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WaitEndReason::TimedOut => "its wait passed",
+            WaitEndReason::Cancelled => "it was cancelled",
+            WaitEndReason::SessionEnded => "its session ended",
+            WaitEndReason::TtlOutOfBounds => "its ttl is outside the tenant's bounds",
         })
     }
 }
@@ -205,6 +238,13 @@ pub enum LeaseError {
         /// The session named in the request.
         session_id: SessionId,
     },
+    /// A queued wait ended without the resource being handed to it. Appended with wait queues;
+    /// code ALREADY_HELD (the resource stayed with others for the whole wait).
+    #[error("wait ended without a grant: {reason}")]
+    WaitEnded {
+        /// Why.
+        reason: WaitEndReason,
+    },
 }
 
 impl LeaseError {
@@ -228,6 +268,7 @@ impl LeaseError {
             LeaseError::Overloaded { .. } => ErrorCode::Overloaded,
             LeaseError::SessionNotFound { .. } => ErrorCode::NotFound,
             LeaseError::SessionExpired { .. } => ErrorCode::LeaseExpired,
+            LeaseError::WaitEnded { .. } => ErrorCode::AlreadyHeld,
         }
     }
 

@@ -73,11 +73,12 @@ pub use cluster::{
 pub use command::{
     AcquireRequest, ApplyOutput, Command, CommandResult, Entry, FenceVerdict, LeaseGrant, LeaseOp,
     LeaseOpKind, LeaseOpParts, LeaseOutcome, LeaseReply, LeaseStatus, LeaseView, ListPage,
-    ListRequest, ReclaimedLease, ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState,
-    ReplayStatus, SessionAcquireRequest, SessionGrant, SessionOpenRequest, SessionReceipt,
-    SessionRequest, TransferReceipt, TransferRequest,
+    ListRequest, QueuedReceipt, ReclaimedLease, ReleaseReceipt, ReleaseRequest, RenewRequest,
+    ReplayState, ReplayStatus, SessionAcquireRequest, SessionGrant, SessionOpenRequest,
+    SessionReceipt, SessionRequest, TransferReceipt, TransferRequest, WaitAcquireRequest,
+    WaitCancelReceipt, WaitCancelRequest, WaitEnded, WaitLease,
 };
-pub use error::{ErrorCode, LeaseError, OverloadReason, QuotaKind};
+pub use error::{ErrorCode, LeaseError, OverloadReason, QuotaKind, WaitEndReason};
 pub use ids::{GroupId, LeaseId, ResourceKey, SessionId, SessionIdParseError};
 pub use limits::{
     BATCH_ITEMS_CEILING, BATCH_ITEMS_MAX_DEFAULT, DEDUP_RECORD_BYTES_MEASURED,
@@ -93,8 +94,9 @@ pub use placement::{
     PlacementError, PlacementMap, SLOT_COUNT_DEFAULT, SLOT_COUNT_MAX, key_hash, placement,
 };
 pub use state::{
-    GROUP_SESSIONS_MAX, LeaseStateMachine, SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN,
-    SnapshotError, SnapshotStats, StateOptions, StateStats,
+    GROUP_SESSIONS_MAX, GROUP_WAITERS_MAX, LeaseStateMachine, RESOURCE_WAITERS_MAX,
+    SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN, SnapshotError, SnapshotStats,
+    StateOptions, StateStats,
 };
 pub use validate::{
     validate_holder_id, validate_request_id, validate_resource_id, validate_tenant_id,

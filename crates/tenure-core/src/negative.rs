@@ -35,6 +35,12 @@ pub enum NegativeControl {
     /// SessionClose answers that the session's record ended but leaves it (and every lease
     /// bound to it) active until it expires: the leases outlive their session's close.
     SessionLeasesOutliveClose,
+    /// A hand-off grants the resource to the newest waiter instead of the oldest (breaks FIFO
+    /// order among live waiters).
+    WaitQueueLifo,
+    /// A hand-off ignores the end of a waiter's wait and grants it anyway (breaks "no grant to a
+    /// dead waiter").
+    HandOffToDeadWaiters,
 }
 
 impl NegativeControl {
@@ -42,7 +48,7 @@ impl NegativeControl {
     pub const AVAILABLE: bool = cfg!(feature = "negative-controls");
 
     /// Every control, [`NegativeControl::None`] first.
-    pub const ALL: [NegativeControl; 7] = [
+    pub const ALL: [NegativeControl; 9] = [
         NegativeControl::None,
         NegativeControl::SkipExpiryCheck,
         NegativeControl::DisableDeduplication,
@@ -50,6 +56,8 @@ impl NegativeControl {
         NegativeControl::ExpireByWallClock,
         NegativeControl::IgnoreFounderPins,
         NegativeControl::SessionLeasesOutliveClose,
+        NegativeControl::WaitQueueLifo,
+        NegativeControl::HandOffToDeadWaiters,
     ];
 
     /// Its name in configurations and reports (`skip-expiry-check`, ...).
@@ -62,6 +70,8 @@ impl NegativeControl {
             NegativeControl::ExpireByWallClock => "expire-by-wall-clock",
             NegativeControl::IgnoreFounderPins => "ignore-founder-pins",
             NegativeControl::SessionLeasesOutliveClose => "session-leases-outlive-close",
+            NegativeControl::WaitQueueLifo => "wait-queue-lifo",
+            NegativeControl::HandOffToDeadWaiters => "hand-off-to-dead-waiters",
         }
     }
 

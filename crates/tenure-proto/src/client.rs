@@ -44,7 +44,7 @@ use crate::peer::ProtoError;
 /// ALPN protocol identifier of the native client protocol: `tenure-client/` and
 /// [`CLIENT_PROTOCOL_VERSION`] (the version is negotiated by the TLS handshake, so a client and a
 /// node of different versions fail to connect instead of misreading each other's frames).
-pub const CLIENT_ALPN: &[u8] = b"tenure-client/7";
+pub const CLIENT_ALPN: &[u8] = b"tenure-client/8";
 
 /// ALPN prefix every version of the client protocol shares.
 pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
@@ -69,7 +69,10 @@ pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
 ///   `AcquireInSession` (the first three name a group instead of a key), `LeaseReply` gains
 ///   `SessionKept` and `SessionClosed`, the state machine's errors `SessionNotFound` and
 ///   `SessionExpired`, and `LeaseView` ends with the lease's `session_id`.
-pub const CLIENT_PROTOCOL_VERSION: u16 = 7;
+/// - 8: wait queues: [`LeaseOp`] gains `AcquireWait` and `WaitCancel`, `LeaseReply` gains
+///   `Queued` and `WaitCancelled`, the state machine's error `WaitEnded`, and `QuotaKind` the
+///   waiter quotas.
+pub const CLIENT_PROTOCOL_VERSION: u16 = 8;
 
 /// The client protocol version an ALPN identifier names: `Ok` only for this build's
 /// [`CLIENT_PROTOCOL_VERSION`]; another version is [`ProtoError::UnsupportedVersion`], an

@@ -48,7 +48,10 @@ pub const PEER_MAGIC: [u8; 4] = *b"TNRP";
 /// - 5: log entries may carry the session operations (`LeaseOp::SessionOpen`, ...) and
 ///   snapshots are format 5 (session records), neither of which a version-4 node can decode.
 ///   Versions 4 and 5 refuse each other at `Hello` (an upgrade is a full-cluster restart).
-pub const PEER_PROTOCOL_VERSION: u16 = 5;
+/// - 6: log entries may carry the wait-queue operations (`LeaseOp::AcquireWait`, `WaitCancel`)
+///   and snapshots are format 6 (waiters), neither of which a version-5 node can decode.
+///   Versions 5 and 6 refuse each other at `Hello` (an upgrade is a full-cluster restart).
+pub const PEER_PROTOCOL_VERSION: u16 = 6;
 
 /// Longest cluster name a `Hello` may carry, in bytes.
 pub const CLUSTER_NAME_BYTES_MAX: usize = 64;

@@ -44,7 +44,10 @@ pub const CHECKSUM_BYTES: usize = 8;
 /// - 4: the same layout; a log entry may carry the session operations (`LeaseOp::SessionOpen`,
 ///   `SessionKeepAlive`, `SessionClose`, `AcquireInSession`), appended variants a version-3
 ///   reader cannot decode. Versions 1 to 3 are read unchanged.
-pub const VALUE_FORMAT_VERSION: u8 = 4;
+/// - 5: the same layout; a log entry may carry the wait-queue operations (`LeaseOp::AcquireWait`,
+///   `WaitCancel`), appended variants a version-4 reader cannot decode. Versions 1 to 4 are
+///   read unchanged.
+pub const VALUE_FORMAT_VERSION: u8 = 5;
 
 /// Seed of the checksum of versioned values (`"TNRSTOR1"`), so that no versioned value passes
 /// as an unversioned one.

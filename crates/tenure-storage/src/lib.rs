@@ -47,7 +47,7 @@ pub use node::{
 };
 pub use replicas::ReplicaRecord;
 pub use runtime::{TenureRuntime, seed_raft_randomness};
-pub use state_machine::{GroupSnapshotBuilder, GroupStateMachine};
+pub use state_machine::{ApplyObserver, GroupSnapshotBuilder, GroupStateMachine};
 
 openraft::declare_raft_types!(
     /// The openraft type configuration of tenure: log entries carry a leader-stamped

@@ -54,6 +54,15 @@ struct MachineState {
     current: Option<SnapshotPointer>,
 }
 
+/// Sees what every entry this replica applies produced (as leader or follower, in log order),
+/// right after the state's lock is released: the server answers queued waits from it. It runs
+/// on the apply path, so it must return quickly and never block. Entries a snapshot install
+/// skips are never seen (a waiter parked across one is answered by its retry).
+pub trait ApplyObserver: Send + Sync {
+    /// `output` is what applying the entry at log index `index` of `group` produced.
+    fn applied(&self, group: u32, index: u64, output: &tenure_core::ApplyOutput);
+}
+
 /// The state machine of one group replica. Clones share the state.
 #[derive(Clone)]
 pub struct GroupStateMachine {
@@ -61,6 +70,7 @@ pub struct GroupStateMachine {
     group: u32,
     options: StateOptions,
     state: Arc<Mutex<MachineState>>,
+    observer: Option<Arc<dyn ApplyObserver>>,
 }
 
 impl std::fmt::Debug for GroupStateMachine {
@@ -137,7 +147,15 @@ impl GroupStateMachine {
             group,
             options,
             state: Arc::new(Mutex::new(state)),
+            observer: None,
         })
+    }
+
+    /// The same replica, with `observer` seeing every entry it applies. Set it before the Raft
+    /// of the group starts (openraft applies through its own clone).
+    pub fn with_apply_observer(mut self, observer: Arc<dyn ApplyObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The group.
@@ -529,6 +547,7 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
     {
         self.shared.inner.check_group(self.group)?;
         while let Some((entry, responder)) = entries.try_next().await? {
+            let index = entry.log_id().index();
             let response = {
                 let mut state = lock(&self.state);
                 let log_id = entry.log_id();
@@ -563,6 +582,9 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
                 state.last_applied = Some(log_id);
                 response
             };
+            if let (Some(observer), Some(output)) = (&self.observer, &response) {
+                observer.applied(self.group, index, output);
+            }
             if let Some(responder) = responder {
                 responder.send(response);
             }

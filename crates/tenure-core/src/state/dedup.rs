@@ -61,7 +61,7 @@ pub(crate) struct DedupIdentity(Box<[u8]>);
 /// Packs `(tenant, resource, request id)` into `out` (cleared first), in [`DedupIdentity`]'s layout.
 /// Ids longer than the layout allows are truncated in the length fields only if validation was
 /// skipped, which apply never does; the identity then still compares exactly on its bytes.
-fn pack_identity(out: &mut Vec<u8>, tenant: &str, resource: &str, request_id: &str) {
+pub(crate) fn pack_identity(out: &mut Vec<u8>, tenant: &str, resource: &str, request_id: &str) {
     out.clear();
     out.push(u8::try_from(tenant.len()).unwrap_or(u8::MAX));
     out.extend_from_slice(
@@ -320,6 +320,22 @@ impl DedupTable {
             }
             _ => Lookup::Miss,
         }
+    }
+
+    /// The live record of a packed identity within its retention, whatever its fingerprint.
+    pub(crate) fn lookup_identity(
+        &self,
+        packed: &[u8],
+        now_ms: u64,
+        limits: &GroupLimits,
+    ) -> Option<&DedupRecord> {
+        self.index
+            .find(self.hash_of(packed), |&sequence| {
+                self.record_at(sequence)
+                    .is_some_and(|record| record.identity.bytes() == packed)
+            })
+            .and_then(|&sequence| self.record_at(sequence))
+            .filter(|record| !is_expired(record, now_ms, limits))
     }
 
     fn tenant_entries(&self, tenant: &[u8]) -> u64 {

@@ -14,6 +14,7 @@
 //! is in the snapshot, so a restored replica decides exactly what a replaying one does.
 
 pub(crate) mod dedup;
+pub(crate) mod queue;
 pub(crate) mod session;
 pub(crate) mod slab;
 mod snapshot;
@@ -28,6 +29,7 @@ use compact_str::CompactString;
 use hashbrown::{HashMap, HashTable};
 use serde::{Deserialize, Serialize};
 
+pub use queue::{GROUP_WAITERS_MAX, RESOURCE_WAITERS_MAX};
 pub use session::GROUP_SESSIONS_MAX;
 pub use snapshot::{
     SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN, SnapshotError, SnapshotStats,
@@ -46,6 +48,7 @@ use crate::limits::{GroupLimits, TenantPolicy};
 use crate::negative::NegativeControl;
 use crate::validate::{validate_holder_id, validate_request_id, validate_tenant_id};
 use dedup::{DedupRecord, DedupTable, HashBuilder, Lookup};
+use queue::WaitQueues;
 use session::{SessionStatus, SessionTables};
 use slab::Slab;
 
@@ -193,6 +196,8 @@ pub struct LeaseStateMachine {
     dedup: DedupTable,
     /// Session records and the leases bound to them (see [`session`]).
     sessions: SessionTables,
+    /// FIFO wait queues (see [`queue`]).
+    waits: WaitQueues,
     /// The cluster metadata (empty except in the metadata group).
     cluster: ClusterMeta,
     hash_builder: HashBuilder,
@@ -222,6 +227,7 @@ impl LeaseStateMachine {
             inactive_count: 0,
             dedup: DedupTable::new(hash_builder.clone()),
             sessions: SessionTables::new(),
+            waits: WaitQueues::new(hash_builder.clone()),
             cluster: ClusterMeta::default(),
             hash_builder,
             scratch: Vec::with_capacity(256),
@@ -265,10 +271,14 @@ impl LeaseStateMachine {
             .by_expiry
             .first()
             .map(|&(expires_at_ms, _)| expires_at_ms);
-        match (lease, self.next_session_work_ms()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            lease,
+            self.next_session_work_ms(),
+            self.waits.next_deadline_ms(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Counters describing the state.
@@ -343,12 +353,13 @@ impl LeaseStateMachine {
                 (CommandResult::Cluster(result), 1)
             }
         };
-        let budget = GC_BUDGET_BASE + 2 * (items + reclaimed.len());
+        let budget = GC_BUDGET_BASE + 2 * (items + reclaimed.len() + self.waits.ended.len());
         self.collect_garbage(now_ms, budget);
         ApplyOutput {
             log_time_ms: now_ms,
             result,
             reclaimed,
+            waits_ended: std::mem::take(&mut self.waits.ended),
         }
     }
 
@@ -363,8 +374,8 @@ impl LeaseStateMachine {
             replayed: false,
             replay: None,
         };
-        if op.kind().is_session_record_op() {
-            // Idempotent by design (contract, sessions): no request id, nothing recorded.
+        if op.kind().is_unrecorded() {
+            // Idempotent by design (contract, sessions and wait queues): nothing recorded.
             return fresh(self.decide(op, now_ms, reclaimed));
         }
         let Some(key) = op.key() else {
@@ -402,12 +413,22 @@ impl LeaseStateMachine {
             Lookup::Conflict => return fresh(Err(dedup::conflict_error())),
             Lookup::Miss => {}
         }
+        if let LeaseOp::AcquireWait(request) = op
+            && let Some(result) = self.queued_retry(request, fingerprint, now_ms)
+        {
+            // Still waiting: the waiter is the request's record; its position, never a
+            // second place.
+            return fresh(result);
+        }
         if let Err(err) = self.dedup.reserve_one(&self.scratch, now_ms, &self.limits) {
             return fresh(Err(err));
         }
         let result = self.decide(op, now_ms, reclaimed);
-        // Retryable refusals had no effect and must not stick to the request id.
-        if !result.as_ref().is_err_and(LeaseError::retryable) {
+        // Retryable refusals had no effect and must not stick to the request id; a queued wait
+        // is recorded when it ends (its waiter is its record meanwhile).
+        if !result.as_ref().is_err_and(LeaseError::retryable)
+            && !matches!(result, Ok(LeaseReply::Queued(_)))
+        {
             // `scratch` still holds the packed identity: nothing above uses it.
             self.dedup
                 .record(&self.scratch, fingerprint, now_ms, result.clone());
@@ -431,6 +452,8 @@ impl LeaseStateMachine {
             LeaseOp::SessionKeepAlive(r) => self.keep_session_alive(r, now_ms),
             LeaseOp::SessionClose(r) => self.close_session(r, now_ms),
             LeaseOp::AcquireInSession(r) => self.acquire_in_session(r, now_ms, reclaimed),
+            LeaseOp::AcquireWait(r) => self.acquire_wait(op, r, now_ms, reclaimed),
+            LeaseOp::WaitCancel(r) => self.cancel_wait(r, now_ms),
         }
     }
 
@@ -562,6 +585,8 @@ impl LeaseStateMachine {
         now_ms: u64,
         reclaimed: &mut Vec<ReclaimedLease>,
     ) -> Result<LeaseReply, LeaseError> {
+        // A lease past its expiry on a resource with waiters goes to them, not to this request.
+        self.settle_due_lease(tenant, &key.resource_id, now_ms, reclaimed);
         let quota = self.tenants[tenant as usize]
             .policy
             .active_leases_max(&self.limits);
@@ -603,17 +628,7 @@ impl LeaseStateMachine {
                 return Err(quota_exceeded);
             }
             let old_token = record.fencing_token;
-            let token = self.take_sequence();
-            // Safety invariant (contract 3.2): a new grant's token exceeds every earlier one.
-            // (The negative control that resets tokens skips it, so the checkers, not this
-            // assertion, have to catch the reuse.)
-            assert!(
-                token > old_token
-                    || self
-                        .negative_control
-                        .breaks(NegativeControl::ResetTokensOnNewLeader),
-                "fencing token would not increase"
-            );
+            let token = self.take_sequence_above(old_token);
             if was_active {
                 self.unfile_active(slot);
             } else {
@@ -766,9 +781,9 @@ impl LeaseStateMachine {
         record.expires_at_ms = now_ms;
         record.status = RecordStatus::Released;
         record.version = record.version.saturating_add(1);
-        let (lease_id, token, tenant) = (record.lease_id(), record.fencing_token, record.tenant);
-        self.tenants[tenant as usize].active_leases -= 1;
-        self.mark_inactive(slot, token);
+        let (lease_id, token) = (record.lease_id(), record.fencing_token);
+        // Hands the resource to its first live waiter in this apply, if it has one.
+        self.end_lease(slot);
         Ok(LeaseReply::Released(ReleaseReceipt {
             lease_id,
             fencing_token: token,
@@ -797,15 +812,7 @@ impl LeaseStateMachine {
         let record = self.record(slot);
         let (old_lease_id, old_token, tenant) =
             (record.lease_id(), record.fencing_token, record.tenant);
-        let token = self.take_sequence();
-        // Safety invariant (contract 3.2): the new holder's token exceeds the old holder's.
-        assert!(
-            token > old_token
-                || self
-                    .negative_control
-                    .breaks(NegativeControl::ResetTokensOnNewLeader),
-            "fencing token would not increase"
-        );
+        let token = self.take_sequence_above(old_token);
         let expires_at_ms = now_ms.saturating_add(request.ttl_ms);
         // A lease bound to a session passes on as a lease with the ttl the transfer names: the
         // new holder does not own the session.
@@ -920,6 +927,22 @@ impl LeaseStateMachine {
         }
     }
 
+    /// The next grant's token, for a resource whose last token was `old_token`.
+    fn take_sequence_above(&mut self, old_token: u64) -> u64 {
+        let token = self.take_sequence();
+        // Safety invariant (contract 3.2): a new grant's token exceeds every earlier one of its
+        // resource. (The negative control that resets tokens skips it, so the checkers, not
+        // this assertion, have to catch the reuse.)
+        assert!(
+            token > old_token
+                || self
+                    .negative_control
+                    .breaks(NegativeControl::ResetTokensOnNewLeader),
+            "fencing token would not increase"
+        );
+        token
+    }
+
     fn take_sequence(&mut self) -> u64 {
         let token = self.next_sequence;
         // 2^64 grants cannot happen; saturating keeps apply panic-free, the assert on every
@@ -979,7 +1002,8 @@ impl LeaseStateMachine {
             let lease_at = due(self.by_expiry.first());
             let session_at = due(self.sessions.by_expiry.first());
             let ending_at = due(self.sessions.ending.first());
-            let Some(next_at) = [ending_at, session_at, lease_at]
+            let waiter_at = self.waits.next_deadline_ms().filter(|&at| at <= now_ms);
+            let Some(next_at) = [ending_at, session_at, lease_at, waiter_at]
                 .into_iter()
                 .flatten()
                 .min()
@@ -987,7 +1011,10 @@ impl LeaseStateMachine {
                 return;
             };
             examined += 1;
-            if ending_at == Some(next_at) {
+            if waiter_at == Some(next_at) {
+                self.expire_front_waiter();
+                reclaimed_count += 1;
+            } else if ending_at == Some(next_at) {
                 self.end_front_bound_lease(reclaimed);
                 reclaimed_count += 1;
             } else if session_at == Some(next_at) {
@@ -1036,8 +1063,7 @@ impl LeaseStateMachine {
             expires_at_ms,
             session_id: None,
         });
-        self.tenants[tenant as usize].active_leases -= 1;
-        self.mark_inactive(slot, token);
+        self.end_lease(slot);
         true
     }
 
@@ -1342,6 +1368,7 @@ impl LeaseStateMachine {
             ));
         }
         self.check_session_invariants()?;
+        self.check_wait_invariants()?;
         self.dedup.check()?;
         if inactive != self.inactive_count {
             return Err(format!(

@@ -480,8 +480,7 @@ impl LeaseStateMachine {
             expires_at_ms: ended_at_ms,
             session_id: Some(session_id),
         });
-        self.tenants[tenant as usize].active_leases -= 1;
-        self.mark_inactive(lease_slot, token);
+        self.end_lease(lease_slot);
     }
 
     fn free_ended_session(&mut self, slot: u32) {

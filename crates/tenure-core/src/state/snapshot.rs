@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! "TENURESN"                 8 bytes magic
-//! format_version             u32 little-endian (currently 5)
+//! format_version             u32 little-endian (currently 6)
 //! frame*                     u32 little-endian length, then that many bytes of postcard
 //!   Meta                     counts of everything below, limits, counters, log time
 //!   TenantState   x tenants  in tenant-index order
@@ -22,6 +22,9 @@
 //!   Vec<(u32,u32)>           bindings (session slot, lease slot) in that order, in chunks: the
 //!                            lease records themselves do not name their session, so a version
 //!                            4 record reads unchanged
+//!   WaitsMeta                (version 6) waiter count and the next waiter sequence number
+//!   (u64, Waiter) x waiters  every queued AcquireWait in sequence order (a resource's queue
+//!                            order); the queues and the deadline index are rebuilt
 //! checksum                   u64 little-endian XXH3-64 of every byte before it
 //! ```
 //!
@@ -37,12 +40,15 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use xxhash_rust::xxh3::Xxh3Default;
 
 use super::dedup::DedupRecord;
+use super::queue::Waiter;
 use super::session::{SessionRecord, SessionStatus};
 use super::{LeaseRecord, LeaseStateMachine, RecordStatus, StateOptions, TenantState};
 use crate::cluster::ClusterMeta;
 use crate::ids::GroupId;
 use crate::limits::GroupLimits;
-use crate::validate::{validate_holder_id, validate_resource_id, validate_tenant_id};
+use crate::validate::{
+    validate_holder_id, validate_request_id, validate_resource_id, validate_tenant_id,
+};
 
 /// The snapshot format this build writes (and the newest it reads).
 ///
@@ -53,10 +59,12 @@ use crate::validate::{validate_holder_id, validate_resource_id, validate_tenant_
 ///   versions 2 and 3 are read with an empty table.
 /// - 5: the session frames follow the cluster metadata; versions 2 to 4 are read with no
 ///   sessions. (Request-id outcomes may now hold the appended session replies and errors.)
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 5;
+/// - 6: the wait-queue frames follow the session frames; versions 2 to 5 are read with no
+///   waiters. (Request-id outcomes may now hold the appended WAIT_ENDED error.)
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 6;
 
 /// The oldest snapshot format this build reads (2 and 3 share their layout; 4 adds a frame, 5
-/// the session frames).
+/// the session frames, 6 the wait-queue frames).
 pub const SNAPSHOT_FORMAT_VERSION_MIN: u32 = 2;
 
 const MAGIC: &[u8; 8] = b"TENURESN";
@@ -130,6 +138,12 @@ struct Meta {
     inactive_count: u64,
     dedup_ring: u64,
     dedup_front_sequence: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WaitsMeta {
+    waiters: u64,
+    next_sequence: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -293,6 +307,13 @@ impl LeaseStateMachine {
         }
         out.frame(&self.cluster)?;
         self.write_sessions(&mut out)?;
+        out.frame(&WaitsMeta {
+            waiters: self.waits.waiters.len() as u64,
+            next_sequence: self.waits.next_sequence,
+        })?;
+        for (sequence, waiter) in &self.waits.waiters {
+            out.frame(&(sequence, waiter))?;
+        }
         let checksum = out.hasher.digest();
         out.inner
             .write_all(&checksum.to_le_bytes())
@@ -446,6 +467,9 @@ impl LeaseStateMachine {
         }
         if version >= 5 {
             state.read_sessions(&mut input)?;
+        }
+        if version >= 6 {
+            state.read_waits(&mut input)?;
         }
 
         let computed = input.hasher.digest();
@@ -625,6 +649,32 @@ impl LeaseStateMachine {
                 self.by_expiry.remove(&(indexed, lease_slot));
                 self.sessions.by_session.insert((session_slot, lease_slot));
             }
+        }
+        Ok(())
+    }
+
+    /// Reads the wait-queue frames into a state whose lease and session records are restored.
+    fn read_waits<R: Read>(&mut self, input: &mut HashingReader<R>) -> Result<(), SnapshotError> {
+        let meta: WaitsMeta = input.frame("waits meta")?;
+        if meta.waiters > super::GROUP_WAITERS_MAX {
+            return Err(corrupt(format!("{} waiters", meta.waiters)));
+        }
+        self.waits.next_sequence = meta.next_sequence;
+        let mut last_sequence = 0u64;
+        for _ in 0..meta.waiters {
+            let (sequence, waiter): (u64, Waiter) = input.frame("waiter")?;
+            let bad = |what: String| corrupt(format!("waiter {sequence}: {what}"));
+            if sequence <= last_sequence || sequence >= meta.next_sequence {
+                return Err(bad("sequence out of order or range".into()));
+            }
+            last_sequence = sequence;
+            if waiter.tenant as usize >= self.tenants.len() {
+                return Err(bad(format!("unknown tenant {}", waiter.tenant)));
+            }
+            validate_resource_id(&waiter.resource_id).map_err(|err| bad(err.to_string()))?;
+            validate_holder_id(&waiter.holder_id).map_err(|err| bad(err.to_string()))?;
+            validate_request_id(&waiter.request_id).map_err(|err| bad(err.to_string()))?;
+            self.waits.insert(sequence, waiter);
         }
         Ok(())
     }

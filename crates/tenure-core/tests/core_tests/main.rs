@@ -9,3 +9,4 @@ mod quotas;
 mod sessions;
 mod snapshot;
 mod transfer;
+mod waits;

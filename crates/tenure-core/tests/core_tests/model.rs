@@ -247,8 +247,13 @@ impl Model {
             LeaseOp::SessionOpen(_)
             | LeaseOp::SessionKeepAlive(_)
             | LeaseOp::SessionClose(_)
-            | LeaseOp::AcquireInSession(_) => {
-                unreachable!("the model generates no session operations (tests/sessions.rs)")
+            | LeaseOp::AcquireInSession(_)
+            | LeaseOp::AcquireWait(_)
+            | LeaseOp::WaitCancel(_) => {
+                unreachable!(
+                    "the model generates no session or wait operations (tests/sessions.rs, \
+                     tests/waits.rs)"
+                )
             }
         };
         if let Some((at, fp, outcome)) = self.dedup.get(&dedup_key)
@@ -276,7 +281,9 @@ impl Model {
             LeaseOp::SessionOpen(_)
             | LeaseOp::SessionKeepAlive(_)
             | LeaseOp::SessionClose(_)
-            | LeaseOp::AcquireInSession(_) => unreachable!("no session operations in the model"),
+            | LeaseOp::AcquireInSession(_)
+            | LeaseOp::AcquireWait(_)
+            | LeaseOp::WaitCancel(_) => unreachable!("no session or wait operations in the model"),
         };
         self.dedup
             .insert(dedup_key, (now, fingerprint, result.clone()));
@@ -309,7 +316,13 @@ impl Model {
             Ok(LeaseReply::Released(receipt)) => {
                 return ended(ReplayStatus::Released, receipt.released_at_ms);
             }
-            Ok(LeaseReply::SessionKept(_) | LeaseReply::SessionClosed(_)) | Err(_) => {
+            Ok(
+                LeaseReply::SessionKept(_)
+                | LeaseReply::SessionClosed(_)
+                | LeaseReply::Queued(_)
+                | LeaseReply::WaitCancelled(_),
+            )
+            | Err(_) => {
                 return ended(ReplayStatus::NotAGrant, now);
             }
         };
@@ -585,8 +598,13 @@ impl SafetyChecker {
                 prop_assert_eq!(current.0, receipt.fencing_token);
                 current.2 = now;
             }
-            Ok(LeaseReply::SessionKept(_) | LeaseReply::SessionClosed(_)) => {
-                prop_assert!(false, "a session reply to {:?}", op);
+            Ok(
+                LeaseReply::SessionKept(_)
+                | LeaseReply::SessionClosed(_)
+                | LeaseReply::Queued(_)
+                | LeaseReply::WaitCancelled(_),
+            ) => {
+                prop_assert!(false, "a session or wait reply to {:?}", op);
             }
             Ok(LeaseReply::Transferred(receipt)) => {
                 // The old lease ends and the new one starts at the same log time: the holder
@@ -762,6 +780,7 @@ impl Run {
             (Ok(LeaseReply::Released(_)), _) => "released",
             (Ok(LeaseReply::Transferred(_)), _) => "transferred",
             (Ok(LeaseReply::SessionKept(_) | LeaseReply::SessionClosed(_)), _) => "session",
+            (Ok(LeaseReply::Queued(_) | LeaseReply::WaitCancelled(_)), _) => "wait",
             (Err(e), _) => e.code().as_str(),
         };
         if !self.model_enabled {

@@ -200,8 +200,12 @@ fn quota_bounds_hold_when_a_full_group_restarts_and_replays() {
                     QuotaKind::TenantActiveLeases => "tenant active leases",
                     QuotaKind::GroupLeaseRecords => "group lease records",
                     QuotaKind::GroupTenants => "group tenants",
-                    QuotaKind::GroupSessions | QuotaKind::TenantSessions => {
-                        panic!("no sessions here: {err:?}")
+                    QuotaKind::GroupSessions
+                    | QuotaKind::TenantSessions
+                    | QuotaKind::ResourceWaiters
+                    | QuotaKind::GroupWaiters
+                    | QuotaKind::TenantWaiters => {
+                        panic!("no sessions or waiters here: {err:?}")
                     }
                 },
                 (ErrorCode::Overloaded, _) => "overloaded (request-id table full)",

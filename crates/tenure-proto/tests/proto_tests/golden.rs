@@ -20,10 +20,11 @@ use bytes::{Bytes, BytesMut};
 use tenure_core::{
     AcquireRequest, ClusterChange, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, GroupId,
     LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply, LeaseStatus, LeaseView, ListPage,
-    ListRequest, NodeAddresses, NodeRecord, NodeState, OverloadReason, QuotaKind, ReleaseReceipt,
-    ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey, SessionAcquireRequest,
-    SessionGrant, SessionId, SessionOpenRequest, SessionReceipt, SessionRequest, TransferReceipt,
-    TransferRequest,
+    ListRequest, NodeAddresses, NodeRecord, NodeState, OverloadReason, QueuedReceipt, QuotaKind,
+    ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey,
+    SessionAcquireRequest, SessionGrant, SessionId, SessionOpenRequest, SessionReceipt,
+    SessionRequest, TransferReceipt, TransferRequest, WaitAcquireRequest, WaitCancelReceipt,
+    WaitCancelRequest, WaitEndReason, WaitLease,
 };
 use tenure_golden::Golden;
 use tenure_proto::client::{
@@ -219,6 +220,52 @@ fn every_lease_error() -> Vec<(&'static str, LeaseError)> {
                 session_id: session_id(),
             },
         ),
+        // Appended with wait queues (client protocol 8).
+        (
+            "wait_ended_timed_out",
+            LeaseError::WaitEnded {
+                reason: WaitEndReason::TimedOut,
+            },
+        ),
+        (
+            "wait_ended_cancelled",
+            LeaseError::WaitEnded {
+                reason: WaitEndReason::Cancelled,
+            },
+        ),
+        (
+            "wait_ended_session_ended",
+            LeaseError::WaitEnded {
+                reason: WaitEndReason::SessionEnded,
+            },
+        ),
+        (
+            "wait_ended_ttl_out_of_bounds",
+            LeaseError::WaitEnded {
+                reason: WaitEndReason::TtlOutOfBounds,
+            },
+        ),
+        (
+            "quota_resource_waiters",
+            LeaseError::QuotaExceeded {
+                kind: QuotaKind::ResourceWaiters,
+                limit: 4_096,
+            },
+        ),
+        (
+            "quota_group_waiters",
+            LeaseError::QuotaExceeded {
+                kind: QuotaKind::GroupWaiters,
+                limit: 65_536,
+            },
+        ),
+        (
+            "quota_tenant_waiters",
+            LeaseError::QuotaExceeded {
+                kind: QuotaKind::TenantWaiters,
+                limit: 1_000,
+            },
+        ),
     ]
 }
 
@@ -324,6 +371,45 @@ fn requests() -> Vec<(&'static str, Request)> {
                     holder_id: "worker-1".into(),
                     session_id: session_id(),
                     request_id: "req-9".into(),
+                })),
+            ),
+        ),
+        (
+            "acquire_wait",
+            request(
+                24,
+                RequestBody::Lease(LeaseOp::AcquireWait(WaitAcquireRequest {
+                    key: key(),
+                    holder_id: "worker-2".into(),
+                    lease: WaitLease::Ttl { ttl_ms: 30_000 },
+                    wait_ms: 60_000,
+                    request_id: "req-10".into(),
+                })),
+            ),
+        ),
+        (
+            "acquire_wait_in_session",
+            request(
+                25,
+                RequestBody::Lease(LeaseOp::AcquireWait(WaitAcquireRequest {
+                    key: key(),
+                    holder_id: "worker-1".into(),
+                    lease: WaitLease::Session {
+                        session_id: session_id(),
+                    },
+                    wait_ms: 60_000,
+                    request_id: "req-11".into(),
+                })),
+            ),
+        ),
+        (
+            "wait_cancel",
+            request(
+                26,
+                RequestBody::Lease(LeaseOp::WaitCancel(WaitCancelRequest {
+                    key: key(),
+                    holder_id: "worker-2".into(),
+                    request_id: "req-10".into(),
                 })),
             ),
         ),
@@ -642,6 +728,43 @@ fn responses() -> Vec<(&'static str, Response)> {
                         group_id: GroupId(7),
                         closed_at_ms: 1_700_000_040_000,
                         leases_ended: 12,
+                    }),
+                    false,
+                )),
+            ),
+        ),
+        (
+            "queued",
+            ok(
+                24,
+                ResponseBody::Lease(lease(
+                    LeaseReply::Queued(QueuedReceipt {
+                        position: 2,
+                        waiters: 5,
+                        queued_at_ms: 1_700_000_000_000,
+                        wait_until_ms: 1_700_000_060_000,
+                        log_time_ms: 1_700_000_001_000,
+                        holder_id: "worker-1".into(),
+                    }),
+                    false,
+                )),
+            ),
+        ),
+        (
+            "wait_cancelled",
+            ok(
+                26,
+                ResponseBody::Lease(lease(
+                    LeaseReply::WaitCancelled(WaitCancelReceipt {
+                        cancelled: false,
+                        granted: Some(LeaseGrant {
+                            lease_id: lease_id(),
+                            fencing_token: 43,
+                            log_time_ms: 1_700_000_002_000,
+                            expires_at_ms: 1_700_000_032_000,
+                            ttl_ms: 30_000,
+                            created: true,
+                        }),
                     }),
                     false,
                 )),

@@ -38,7 +38,8 @@ use tenure_core::{
     AcquireRequest, ClusterOp, Command, CommandResult, Entry, FounderNode, GroupId, GroupLimits,
     LeaseId, LeaseOp, LeaseStateMachine, NodeAddresses, NodeState, ReleaseRequest, RenewRequest,
     ResourceKey, SNAPSHOT_FORMAT_VERSION, SessionAcquireRequest, SessionId, SessionOpenRequest,
-    SessionRequest, StateOptions, TenantPolicy, TransferRequest,
+    SessionRequest, StateOptions, TenantPolicy, TransferRequest, WaitAcquireRequest,
+    WaitCancelRequest, WaitLease,
 };
 use tenure_golden::Golden;
 use tenure_storage::{LogEntry, TenureRaft, codec};
@@ -230,7 +231,44 @@ fn commands() -> Vec<(&'static str, Command)> {
             "lease_acquire_in_session",
             Command::Lease(acquire_in_session("job", "req-8")),
         ),
+        // Added with wait queues (value format 5, peer protocol 6, snapshot format 6), last.
+        (
+            "lease_acquire_wait",
+            Command::Lease(acquire_wait(
+                "db",
+                WaitLease::Ttl { ttl_ms: 30_000 },
+                "req-9",
+            )),
+        ),
+        (
+            "lease_acquire_wait_in_session",
+            Command::Lease(acquire_wait(
+                "db",
+                WaitLease::Session {
+                    session_id: SessionId(0x5e55),
+                },
+                "req-10",
+            )),
+        ),
+        (
+            "lease_wait_cancel",
+            Command::Lease(LeaseOp::WaitCancel(WaitCancelRequest {
+                key: key("db"),
+                holder_id: "worker-2".into(),
+                request_id: "req-9".into(),
+            })),
+        ),
     ]
+}
+
+fn acquire_wait(resource: &str, lease: WaitLease, request: &str) -> LeaseOp {
+    LeaseOp::AcquireWait(WaitAcquireRequest {
+        key: key(resource),
+        holder_id: "worker-2".into(),
+        lease,
+        wait_ms: 60_000,
+        request_id: request.into(),
+    })
 }
 
 fn session_request() -> SessionRequest {
@@ -397,6 +435,10 @@ fn log_entries_and_raft_metadata_bytes_are_pinned() {
     // And one written by value format 3 (before sessions).
     let legacy = golden.legacy("legacy_v3_log_batch");
     assert_eq!(codec::value_format_version(&legacy), Ok(3));
+    assert_eq!(codec::decode::<LogEntry>(&legacy).unwrap(), batch);
+    // And one written by value format 4 (before wait queues).
+    let legacy = golden.legacy("legacy_v4_log_batch");
+    assert_eq!(codec::value_format_version(&legacy), Ok(4));
     assert_eq!(codec::decode::<LogEntry>(&legacy).unwrap(), batch);
     finish(golden);
 }
@@ -653,6 +695,58 @@ fn state_with_sessions() -> LeaseStateMachine {
     machine
 }
 
+/// [`state_with_sessions`] and then waiters: two on a held resource (one with a ttl of its own,
+/// one in a session), one whose wait ended (timed out: its end is a request-id record).
+fn state_with_waiters() -> LeaseStateMachine {
+    let mut machine = state_with_sessions();
+    let wait = |holder: &str, lease: WaitLease, wait_ms: u64, request: &str| {
+        Command::Lease(LeaseOp::AcquireWait(WaitAcquireRequest {
+            key: key("job-1"),
+            holder_id: holder.into(),
+            lease,
+            wait_ms,
+            request_id: request.into(),
+        }))
+    };
+    let open_other = Command::Lease(LeaseOp::SessionOpen(SessionOpenRequest {
+        tenant_id: "acme".into(),
+        group_id: GroupId(7),
+        session_id: SessionId(0x5e58),
+        owner_id: "worker-3".into(),
+        ttl_ms: 30_000,
+    }));
+    let steps = [
+        open_other,
+        wait(
+            "worker-2",
+            WaitLease::Ttl { ttl_ms: 20_000 },
+            60_000,
+            "req-w1",
+        ),
+        wait(
+            "worker-3",
+            WaitLease::Session {
+                session_id: SessionId(0x5e58),
+            },
+            60_000,
+            "req-w2",
+        ),
+        wait("worker-4", WaitLease::Ttl { ttl_ms: 20_000 }, 50, "req-w3"),
+        Command::Expire { leases_max: 8 },
+    ];
+    for (step, command) in steps.into_iter().enumerate() {
+        let log_time_ms = 1_700_000_040_000 + 100 * u64::try_from(step).unwrap();
+        let out = machine.apply(&Entry {
+            log_time_ms,
+            command,
+        });
+        if step == 4 {
+            assert_eq!(out.waits_ended.len(), 1, "the short wait ended");
+        }
+    }
+    machine
+}
+
 #[test]
 fn snapshot_bytes_are_pinned() {
     let mut golden = golden("snapshot");
@@ -710,6 +804,29 @@ fn snapshot_bytes_are_pinned() {
         ),
         Err(error) => golden.failure(format!(
             "legacy_v4_snapshot_small_state: a format-4 snapshot no longer reads: {error}"
+        )),
+    }
+    // A snapshot written by format 5 (before wait queues) is read with no waiters.
+    let legacy = golden.legacy("legacy_v5_snapshot_small_state");
+    match LeaseStateMachine::read_snapshot(legacy.as_slice(), StateOptions::default()) {
+        Ok(restored) => assert_eq!(
+            restored.snapshot_to_vec(),
+            machine.snapshot_to_vec(),
+            "the format-5 snapshot restores the same state"
+        ),
+        Err(error) => golden.failure(format!(
+            "legacy_v5_snapshot_small_state: a format-5 snapshot no longer reads: {error}"
+        )),
+    }
+    let with_waiters = state_with_waiters();
+    let committed = golden.bytes("snapshot_with_waiters", &with_waiters.snapshot_to_vec());
+    match LeaseStateMachine::read_snapshot(committed.as_slice(), StateOptions::default()) {
+        Ok(restored) if restored.snapshot_to_vec() == committed => {}
+        Ok(_) => golden.failure(
+            "snapshot_with_waiters: restoring and snapshotting again changed the bytes".to_owned(),
+        ),
+        Err(error) => golden.failure(format!(
+            "snapshot_with_waiters: the committed snapshot no longer reads: {error}"
         )),
     }
     let with_sessions = state_with_sessions();

@@ -28,8 +28,12 @@ impl Harness {
     }
 
     pub fn with_limits(limits: GroupLimits) -> Self {
+        Self::with_options(limits, StateOptions::default())
+    }
+
+    pub fn with_options(limits: GroupLimits, options: StateOptions) -> Self {
         let mut harness = Harness {
-            state: LeaseStateMachine::new(GROUP, StateOptions::default()),
+            state: LeaseStateMachine::new(GROUP, options),
             now_ms: 1_000,
             next_request: 0,
         };
