@@ -1106,6 +1106,22 @@ impl Client {
         tenant: Option<&str>,
         deadline: Instant,
     ) -> Result<ResponseBody, ClientError> {
+        let attempt_timeout = self.inner.config.attempt_timeout;
+        self.call_with_attempts(group, body, flags, tenant, deadline, attempt_timeout)
+            .await
+    }
+
+    /// [`Client::call_until`] with each attempt given `attempt_timeout` instead of the
+    /// configured one (a queued wait's attempt is parked on the server for most of it).
+    pub(crate) async fn call_with_attempts(
+        &self,
+        group: Option<u32>,
+        body: RequestBody,
+        flags: RequestFlags,
+        tenant: Option<&str>,
+        deadline: Instant,
+        attempt_timeout: Duration,
+    ) -> Result<ResponseBody, ClientError> {
         let config = &self.inner.config;
         let started = crate::time::now();
         let mut last = String::from("not sent");
@@ -1127,7 +1143,7 @@ impl Client {
             let Some(target) = self.pick_target(group, avoid) else {
                 return Err(ClientError::NoNodeReachable("no node known".into()));
             };
-            let attempt_deadline = deadline.min(now + config.attempt_timeout);
+            let attempt_deadline = deadline.min(now + attempt_timeout);
             let flags = RequestFlags {
                 forward: flags.forward || target.forward,
                 ..flags
@@ -1214,7 +1230,7 @@ impl Client {
                     // A timeout only cut short by this call's own deadline (shorter than an
                     // attempt) says nothing about the node.
                     let own_deadline = matches!(error, LinkError::Timeout { .. })
-                        && attempt_deadline < now + config.attempt_timeout;
+                        && attempt_deadline < now + attempt_timeout;
                     if !own_deadline {
                         target.link.set_suspect(true);
                         if let Some(node) = target.link.node_id {

@@ -57,6 +57,7 @@ mod renewer;
 mod routing;
 mod session;
 mod time;
+mod wait;
 
 pub use client::{AcquireOptions, Client, ClientStats, Grant, RoutingSnapshot, Transferred};
 pub use config::{
@@ -71,9 +72,11 @@ pub use session::{KeepAliveConfirmed, Session, SessionLease, SessionLoss};
 pub use tenure_core::{
     ClusterChange, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, LeaseGrant, LeaseId,
     LeaseStatus, LeaseView, NodeAddresses, NodeRecord, NodeState, ReplayState, ReplayStatus,
-    ResourceKey, SessionGrant, SessionId, SessionIdParseError, SessionReceipt,
+    ResourceKey, SessionGrant, SessionId, SessionIdParseError, SessionReceipt, WaitCancelReceipt,
+    WaitEndReason, WaitLease,
 };
 pub use tenure_proto::client::{
     FenceCheckResult, FollowerProgress, GetResult, GroupMembers, GroupStatus, LeaseResult,
     NodeStatus,
 };
+pub use wait::{WaitOptions, is_wait_ended};

@@ -380,12 +380,7 @@ impl Session {
         resource_id: impl Into<String>,
         request_id: Option<String>,
     ) -> Result<SessionLease, ClientError> {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(ClientError::InvalidRequest("the session is closed".into()));
-        }
-        let key = ResourceKey::new(self.inner.tenant_id.clone(), resource_id.into());
-        let group_id = self.inner.client.group_of(&key).await?;
-        self.ensure_open(group_id).await?;
+        let (key, group_id) = self.open_for(resource_id.into()).await?;
         let body = RequestBody::Lease(LeaseOp::AcquireInSession(SessionAcquireRequest {
             key: key.clone(),
             holder_id: self.inner.owner_id.clone(),
@@ -396,6 +391,56 @@ impl Session {
             ResponseBody::Lease(result) => result,
             _ => return Err(protocol("AcquireInSession")),
         };
+        self.register_grant(key, group_id, result)
+    }
+
+    /// Acquires `resource_id` bound to this session, waiting up to `wait` in the resource's
+    /// FIFO queue while someone else holds it (see [`Client::acquire_wait`]). The waiter is
+    /// alive exactly while the session's record in the key's group is: if the session is lost
+    /// while it waits, a hand-off skips it. The lease, once granted, lives as long as the
+    /// session, like [`Session::acquire`]'s; its safe deadline is the session's.
+    ///
+    /// Errors: `ALREADY_HELD` with `WaitEnded` when the wait ran out or the session ended,
+    /// `ALREADY_HELD` when this session's owner holds the resource already.
+    pub async fn acquire_wait(
+        &self,
+        resource_id: impl Into<String>,
+        wait: std::time::Duration,
+        request_id: Option<String>,
+    ) -> Result<SessionLease, ClientError> {
+        let (key, group_id) = self.open_for(resource_id.into()).await?;
+        let request_id = request_id.unwrap_or_else(|| self.inner.client.new_request_id());
+        let lease = tenure_core::WaitLease::Session {
+            session_id: self.inner.session_id,
+        };
+        let (result, _) = self
+            .inner
+            .client
+            .wait_in_queue(&key, &self.inner.owner_id, lease, wait, &request_id)
+            .await?;
+        self.register_grant(key, group_id, result)
+    }
+
+    /// The key of `resource_id` and its group, with the session open there (opened now if it
+    /// was not yet).
+    async fn open_for(&self, resource_id: String) -> Result<(ResourceKey, u32), ClientError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(ClientError::InvalidRequest("the session is closed".into()));
+        }
+        let key = ResourceKey::new(self.inner.tenant_id.clone(), resource_id);
+        let group_id = self.inner.client.group_of(&key).await?;
+        self.ensure_open(group_id).await?;
+        Ok((key, group_id))
+    }
+
+    /// Files a grant of this session's (AcquireInSession or AcquireWait in the session) with
+    /// the group's record, so its loss is reported with the session's.
+    fn register_grant(
+        &self,
+        key: ResourceKey,
+        group_id: u32,
+        result: LeaseResult,
+    ) -> Result<SessionLease, ClientError> {
         if result.group_id != group_id {
             return Err(ClientError::Protocol(format!(
                 "AcquireInSession answered by group {}, not the key's group {group_id}",

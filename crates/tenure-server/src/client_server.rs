@@ -1,5 +1,5 @@
 //! The QUIC side of the native client protocol (`tenure_proto::client`): connections arrive
-//! from the transport's endpoint (ALPN `tenure-client/7`); each bidirectional stream carries
+//! from the transport's endpoint (ALPN `tenure-client/8`); each bidirectional stream carries
 //! request frames one way and response frames the other. Requests of a connection run
 //! concurrently; every response ready when a stream's writer wakes goes into one frame.
 //!

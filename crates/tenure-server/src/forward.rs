@@ -1,7 +1,7 @@
 //! Forwarding: this node's connections to other nodes' client endpoints.
 //!
 //! A node that does not lead a key's group and was asked to forward sends the request to the
-//! leader over the native client protocol (ALPN `tenure-client/7`), presenting its own node
+//! leader over the native client protocol (ALPN `tenure-client/8`), presenting its own node
 //! certificate; the leader trusts the principal a cluster node names, unless the forwarder marks
 //! it as claimed without authentication (`RequestFlags::principal_claimed`), which only a leader
 //! in insecure development mode accepts. Forwarded requests never forward again (one hop).

@@ -70,6 +70,7 @@ pub mod replicas;
 pub mod request;
 pub mod serve;
 pub mod shared;
+pub(crate) mod waits;
 
 pub use config::ServerConfig;
 pub use error::ServerError;

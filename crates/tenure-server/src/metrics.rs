@@ -46,6 +46,12 @@ pub const EXPIRATIONS_TOTAL: &str = "tenure_expirations_total";
 /// its proposal is answered: sum it over the nodes; an entry that commits only after its
 /// proposer lost the leadership is not counted.
 pub const SESSION_LEASES_ENDED_TOTAL: &str = "tenure_session_leases_ended_total";
+/// Queued waits granted by a hand-off (a release or expiry that passed the resource to its first
+/// live waiter in the same apply). Counted by every replica that applies the entry, leader or
+/// follower: divide the cluster's sum by the replication factor.
+pub const WAIT_HAND_OFFS_TOTAL: &str = "tenure_wait_hand_offs_total";
+/// AcquireWait calls parked on this node until their wait ends (bounded per node).
+pub const WAITS_PARKED: &str = "tenure_waits_parked";
 /// WAL syncs of this node's storage.
 pub const FSYNCS_TOTAL: &str = "tenure_fsyncs_total";
 /// Log entries made durable per WAL sync (since start).
@@ -153,6 +159,7 @@ pub const COUNTERS: &[&str] = &[
     RAFT_COMMITS_TOTAL,
     EXPIRATIONS_TOTAL,
     SESSION_LEASES_ENDED_TOTAL,
+    WAIT_HAND_OFFS_TOTAL,
     FSYNCS_TOTAL,
     TRANSPORT_FRAMES_TOTAL,
     TRANSPORT_MESSAGES_TOTAL,
@@ -176,6 +183,7 @@ pub const COUNTERS: &[&str] = &[
 /// Every gauge the node exports (registered at zero at start).
 pub const GAUGES: &[&str] = &[
     REQUESTS_INFLIGHT,
+    WAITS_PARKED,
     HTTP_CONNECTIONS_OPEN,
     APPLY_LAG_ENTRIES,
     GROUPS_LED,

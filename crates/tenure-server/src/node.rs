@@ -242,6 +242,7 @@ impl Node {
                 .map_or_else(rand::random, |seed| seed ^ 0x5eed_0f7a_b1e5),
             negative_control,
         };
+        let waits = crate::waits::WaitRegistry::new();
         let factory = ReplicaFactory::new(
             node_id,
             storage.clone(),
@@ -252,6 +253,7 @@ impl Node {
                 raft_config,
                 clock: clock.clone(),
                 settings,
+                waits: waits.clone(),
             },
         );
         let at_start = factory.open_at_start(&config).await?;
@@ -566,7 +568,9 @@ fn shared_state(
     let placement = PlacementMap::uniform(PLACEMENT_VERSION, config.groups, SLOT_COUNT_DEFAULT)
         .map_err(|e| ServerError::Config(format!("placement: {e}")))?;
     let remote_leaders = vec![LeaderView::default(); config.groups as usize];
+    let waits = replicas.waits();
     Ok(NodeShared {
+        waits,
         auth,
         node_ids: config.peers.keys().copied().collect(),
         groups: std::sync::RwLock::new(groups),

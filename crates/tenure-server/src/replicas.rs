@@ -43,6 +43,8 @@ pub(crate) struct ReplicaSettings {
     pub(crate) raft_config: Arc<openraft::Config>,
     pub(crate) clock: Arc<dyn MonotonicClock>,
     pub(crate) settings: GroupSettings,
+    /// Sees every entry the replicas apply: answers the AcquireWait calls parked here.
+    pub(crate) waits: Arc<crate::waits::WaitRegistry>,
 }
 
 /// Opens replicas: their stores, their Raft, their registration with the transport.
@@ -77,6 +79,11 @@ impl ReplicaFactory {
         }
     }
 
+    /// The registry of AcquireWait calls parked on this node, which every replica's applies feed.
+    pub(crate) fn waits(&self) -> Arc<crate::waits::WaitRegistry> {
+        Arc::clone(&self.settings.waits)
+    }
+
     /// Opens this node's replica of `group` (empty when it has no data) and registers it with
     /// the transport.
     pub(crate) async fn open(
@@ -88,8 +95,13 @@ impl ReplicaFactory {
             raft_config,
             clock,
             settings,
+            waits,
         } = &self.settings;
-        let state_machine = self.storage.state_machine(group, *state_options)?;
+        let observer: Arc<dyn tenure_storage::ApplyObserver> = waits.clone();
+        let state_machine = self
+            .storage
+            .state_machine(group, *state_options)?
+            .with_apply_observer(observer);
         let raft = GroupRaft::new(
             self.node_id,
             raft_config.clone(),

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_core::{
-    ErrorCode, FenceVerdict, LeaseOp, LeaseOpKind, LeaseOutcome, LeaseStatus, LeaseView,
-    ResourceKey,
+    ErrorCode, FenceVerdict, LeaseOp, LeaseOpKind, LeaseOutcome, LeaseReply, LeaseStatus,
+    LeaseView, ResourceKey,
 };
 use tenure_proto::client::{
     FenceCheckResult, GetResult, GroupLeader, LeaseResult, NodeAddress, NodeStatus, Principal,
@@ -29,6 +29,7 @@ use crate::auth::{Authenticator, check_tenant};
 use crate::group::GroupHandle;
 use crate::metrics as m;
 use crate::shared::{NodeShared, Readiness};
+use crate::waits::{Registration, WaitKey};
 
 /// Who asks, and how.
 #[derive(Debug, Clone)]
@@ -434,7 +435,7 @@ impl NodeShared {
         } else {
             RequestClass::Other
         };
-        let _admitted = self
+        let admitted = self
             .admission
             .admit(&tenant, class)
             .inspect_err(|refused| {
@@ -450,11 +451,23 @@ impl NodeShared {
                 // The proposal consumes the operations; keep a copy only when a lost leadership
                 // may still be answered by forwarding them.
                 let fallback = ctx.flags.forward.then(|| ops.clone());
+                // Registered before proposing: a hand-off may be applied before the proposal's
+                // answer (`Queued`) even reaches this task.
+                let registration = if batch {
+                    None
+                } else {
+                    self.register_wait(group, &ops)
+                };
                 let proposed = Instant::now();
                 let proposal = handle.propose(ops, ctx.timeout).await;
                 self.weigh_proposal(&proposal, proposed);
                 match proposal {
-                    Ok(outcomes) => return lease_body(group, outcomes, batch),
+                    Ok(outcomes) => {
+                        // A parked wait holds no admission slot: it costs only its registration.
+                        drop(admitted);
+                        let outcomes = park_queued(outcomes, registration, &ctx).await;
+                        return lease_body(group, outcomes, batch);
+                    }
                     Err(error) if error.code == ErrorCode::NotLeader => match fallback {
                         Some(copy) => ops = copy,
                         None => return Err(error),
@@ -472,6 +485,20 @@ impl NodeShared {
             }
         };
         self.forward_or_refuse(group, &ctx, body).await
+    }
+
+    /// A registration for the single AcquireWait in `ops`, if that is what they are (see
+    /// `crate::waits`).
+    fn register_wait(&self, group: u32, ops: &[LeaseOp]) -> Option<Registration> {
+        let [LeaseOp::AcquireWait(request)] = ops else {
+            return None;
+        };
+        self.waits.register(WaitKey {
+            group,
+            tenant_id: request.key.tenant_id.clone(),
+            resource_id: request.key.resource_id.clone(),
+            request_id: request.request_id.clone(),
+        })
     }
 
     /// What a read of one resource (Get, CheckFence) starts with: the tenant check, the key's
@@ -558,6 +585,45 @@ impl NodeShared {
         }
         pressure.record(&renew.key.tenant_id, now_ms, timing);
         Ok(())
+    }
+}
+
+/// Slack past a wait's end for the Expire entry that ends it to be applied, before a parked call
+/// stops waiting for its answer.
+const WAIT_END_SLACK: Duration = Duration::from_secs(1);
+/// Time kept from a request's timeout for answering a parked call that gets no answer.
+const PARK_ANSWER_MARGIN: Duration = Duration::from_millis(300);
+
+/// An AcquireWait answered `Queued`: parks the call until its wait ends (answered with the grant
+/// a hand-off made, or why the wait ended), or until its request's time is nearly up (answered
+/// with the position: the client retries the same request id).
+async fn park_queued(
+    outcomes: Vec<LeaseOutcome>,
+    registration: Option<Registration>,
+    ctx: &RequestContext,
+) -> Vec<LeaseOutcome> {
+    let Some(mut registration) = registration else {
+        return outcomes;
+    };
+    let [
+        LeaseOutcome {
+            result: Ok(LeaseReply::Queued(receipt)),
+            ..
+        },
+    ] = outcomes.as_slice()
+    else {
+        return outcomes;
+    };
+    let wait_left =
+        Duration::from_millis(receipt.wait_until_ms.saturating_sub(receipt.log_time_ms));
+    let park = (wait_left + WAIT_END_SLACK).min(ctx.timeout.saturating_sub(PARK_ANSWER_MARGIN));
+    match registration.wait(park).await {
+        Some(answer) => vec![LeaseOutcome {
+            result: answer,
+            replayed: false,
+            replay: None,
+        }],
+        None => outcomes,
     }
 }
 

@@ -62,6 +62,8 @@ pub struct NodeShared {
     pub(crate) shutting_down: AtomicBool,
     pub(crate) admission: Admission,
     pub(crate) renewal_pressure: RenewalPressure,
+    /// The AcquireWait calls parked on this node (`crate::waits`).
+    pub(crate) waits: Arc<crate::waits::WaitRegistry>,
     /// The clock the groups' leader clocks read (and renewal pressure is timed by).
     pub(crate) clock: Arc<dyn MonotonicClock>,
     pub(crate) fault_controls: Option<Arc<FaultControls>>,

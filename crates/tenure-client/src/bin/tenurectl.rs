@@ -1,5 +1,6 @@
 //! `tenurectl`: the command-line tool of tenure, for people and scripts. It acquires, renews,
-//! releases, transfers, reads and lists leases, checks fencing tokens, and reports the cluster's status (nodes, leaders, lag), all
+//! releases, transfers, reads and lists leases, checks fencing tokens, runs a command under a
+//! lock (`lock`, see its module), and reports the cluster's status (nodes, leaders, lag), all
 //! through the `tenure-client` library over the native QUIC protocol.
 //!
 //! Output is aligned text (`-o table`, the default) or exactly one JSON object on stdout
@@ -16,6 +17,7 @@
 //! | 3 | `ALREADY_HELD`: the resource is held by someone else (the error names the holder) |
 //! | 4 | the lease is not held: `LEASE_EXPIRED`, `LEASE_MISMATCH`, `NOT_FOUND`; `check-fence`: the token is not current (the report is printed in full) |
 //! | 5 | retryable: deadline passed, cluster unreachable, `NOT_LEADER`, `UNAVAILABLE`, `OVERLOADED`, `RATE_LIMITED` |
+//! | 6 | `lock`: the lock was lost and the command was stopped (otherwise `lock` exits with the command's own status) |
 //!
 //! `acquire` takes a lease without a handle: nothing renews it after the command exits, so the
 //! caller renews it (`renew`) before its ttl runs out, or lets it expire. `safe_for_ms` is how
@@ -27,6 +29,9 @@
 //! types it re-exports, as any other program would.
 
 #![allow(clippy::print_stdout)]
+
+#[path = "tenurectl_parts/lock.rs"]
+mod lock;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -68,7 +73,9 @@ Exit codes:
      remaining ttl)
   4  the lease is not held: LEASE_EXPIRED, LEASE_MISMATCH, NOT_FOUND
   5  retryable: deadline exceeded, cluster unreachable, NOT_LEADER, UNAVAILABLE, OVERLOADED,
-     RATE_LIMITED (retry later; reuse --request-id so a retried write applies once)";
+     RATE_LIMITED (retry later; reuse --request-id so a retried write applies once)
+  6  lock: the lock was lost and the command was stopped (otherwise `lock` exits with the
+     command's own status; -o json says which)";
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -239,6 +246,40 @@ enum Command {
     /// here keeps a session alive between calls: `keepalive` before its ttl runs out).
     #[command(subcommand)]
     Session(SessionCommand),
+    /// Wait for a lock (FIFO, in the resource's wait queue), run COMMAND while holding it, and
+    /// release it when the command exits. The lock is a lease bound to a session this command
+    /// keeps alive. If the lock is lost (the session cannot be kept alive, or this process is
+    /// paused), the command's process group gets SIGTERM and then SIGKILL, both before the
+    /// lease's safe deadline, from a watchdog process that does not depend on this one running.
+    /// The command sees TENURE_FENCING_TOKEN, TENURE_LEASE_ID, TENURE_LOCK_NAME,
+    /// TENURE_LOCK_HOLDER and TENURE_TENANT. Exit status: the command's own when it ended by
+    /// itself (128 + signal if a signal ended it), 6 when the lock was lost and the command was
+    /// stopped, 3 when the wait ran out (-o json says which).
+    Lock {
+        /// The lock's name (a resource of --tenant).
+        name: String,
+        /// The tenant.
+        #[arg(long, value_name = "TENANT")]
+        tenant: String,
+        /// Who holds the lock (default: tenurectl-PID).
+        #[arg(long, value_name = "HOLDER")]
+        holder: Option<String>,
+        /// The session's ttl in milliseconds: how long the lock outlives this process if it dies
+        /// or is cut off.
+        #[arg(long, value_name = "MS", default_value_t = 10_000,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        ttl_ms: u64,
+        /// Longest wait for the lock in milliseconds (at most the tenant's largest ttl).
+        #[arg(long, value_name = "MS", default_value_t = 3_600_000,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        wait_ms: u64,
+        /// Time between SIGTERM and SIGKILL; both go out before the lease's safe deadline.
+        #[arg(long, value_name = "MS", default_value_t = 1_000)]
+        grace_ms: u64,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -433,6 +474,10 @@ struct Report {
 }
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(lock::WATCHDOG_ARG) {
+        return ExitCode::from(lock::watchdog_main(&args[2..]));
+    }
     let cli = Cli::parse();
     if let Err(message) = check_usage(&cli) {
         // Usage errors exit with clap's code (2) and its formatting.
@@ -538,6 +583,58 @@ fn client_config(cli: &Cli, timeout: Duration) -> anyhow::Result<ClientConfig> {
 
 async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
     match command {
+        Command::Lock {
+            name,
+            tenant,
+            holder,
+            ttl_ms,
+            wait_ms,
+            grace_ms,
+            command,
+        } => {
+            // The command must be gone before the safe deadline: SIGTERM goes out the grace and
+            // the kill margin before it, so both must fit well inside the session's window.
+            let stop_ms = grace_ms.saturating_add(millis(lock::KILL_MARGIN));
+            if stop_ms.saturating_mul(3) > ttl_ms {
+                return Err(ClientError::InvalidRequest(format!(
+                    "--grace-ms {grace_ms} plus the {} ms kill margin must be under a third of \
+                     --ttl-ms {ttl_ms}",
+                    millis(lock::KILL_MARGIN)
+                ))
+                .into());
+            }
+            let outcome = lock::run_lock(
+                client,
+                lock::LockRun {
+                    holder: holder.unwrap_or_else(|| format!("tenurectl-{}", std::process::id())),
+                    tenant,
+                    name,
+                    ttl: Duration::from_millis(ttl_ms),
+                    wait: Duration::from_millis(wait_ms),
+                    grace: Duration::from_millis(grace_ms),
+                    command,
+                },
+            )
+            .await?;
+            let json = outcome.json();
+            let table = render_table(
+                &["FIELD", "VALUE"],
+                &json
+                    .as_object()
+                    .map(|fields| {
+                        fields
+                            .iter()
+                            .map(|(k, v)| vec![k.clone(), cell(v)])
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default(),
+            );
+            Ok(Report {
+                json,
+                table,
+                exit_code: outcome.exit_code(),
+            })
+        }
         Command::Acquire {
             resource,
             holder,

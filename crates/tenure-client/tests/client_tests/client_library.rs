@@ -95,7 +95,7 @@ pub(crate) fn tenurectl_cluster_file(cluster: &ProcessCluster) -> std::path::Pat
 }
 
 /// Sums a metric's samples (every label set) over the nodes in `ids`.
-async fn metric_sum(cluster: &ProcessCluster, ids: &[u64], name: &str) -> f64 {
+pub(crate) async fn metric_sum(cluster: &ProcessCluster, ids: &[u64], name: &str) -> f64 {
     let mut total = 0.0;
     for &id in ids {
         let url = format!("{}/metrics", cluster.http_url(id));

@@ -6,3 +6,4 @@ mod client_library;
 mod fence_check;
 mod sessions;
 mod transfer;
+mod waits;

@@ -1,0 +1,259 @@
+//! Waiting for a resource in its FIFO queue (AcquireWait): the calls, their retries, and the
+//! cancel when the caller's wait runs out.
+//!
+//! One wait is one request id. Each attempt is parked on the key's group leader until the wait
+//! ends there (a hand-off grants the resource, or the wait passes) or for at most
+//! [`PARK_ATTEMPT_MAX`]; an attempt answered with the queue position is sent again with the same
+//! request id, which finds the grant, the end of the wait or the position again: never a second
+//! place in the queue. So a waiter sends about one request per [`PARK_ATTEMPT_MAX`] while it
+//! waits, and nothing per hand-off of others: no herd.
+//!
+//! Must not depend on: the server (only the native protocol).
+
+use std::time::Duration;
+
+use std::time::Instant;
+use tenure_core::{
+    ErrorCode, LeaseOp, LeaseReply, ResourceKey, WaitAcquireRequest, WaitCancelReceipt,
+    WaitCancelRequest, WaitEndReason, WaitLease,
+};
+use tenure_proto::client::{LeaseResult, RequestBody, RequestFlags, ResponseBody};
+
+use crate::client::{Client, Grant};
+use crate::error::ClientError;
+
+/// Longest time one attempt of a wait is parked on the server before it answers with the
+/// position (the request's timeout; the server keeps a margin from it).
+pub(crate) const PARK_ATTEMPT_MAX: Duration = Duration::from_secs(20);
+
+/// Time past the wait's end given to the server to answer its end (its Expire entry).
+const WAIT_END_SLACK: Duration = Duration::from_secs(2);
+
+/// Options of [`Client::acquire_wait`].
+#[derive(Debug, Clone)]
+pub struct WaitOptions {
+    /// The resource.
+    pub key: ResourceKey,
+    /// Who asks.
+    pub holder_id: String,
+    /// The lease's ttl once granted (within the cluster's bounds).
+    pub ttl: Duration,
+    /// How long to wait at most (at least 1 ms, at most the tenant's largest ttl).
+    pub wait: Duration,
+    /// The wait's request id; `None` generates one. A caller that retries a wait itself (after
+    /// a crash, say) with the same id finds its place, or the grant, again.
+    pub request_id: Option<String>,
+}
+
+impl WaitOptions {
+    /// Options with a generated request id.
+    pub fn new(
+        tenant_id: impl Into<String>,
+        resource_id: impl Into<String>,
+        holder_id: impl Into<String>,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Self {
+        WaitOptions {
+            key: ResourceKey::new(tenant_id, resource_id),
+            holder_id: holder_id.into(),
+            ttl,
+            wait,
+            request_id: None,
+        }
+    }
+}
+
+/// The end of a wait that got no grant, as an error: code ALREADY_HELD, the state machine's
+/// `WaitEnded`.
+pub(crate) fn wait_ended(reason: WaitEndReason) -> ClientError {
+    let error = tenure_core::LeaseError::WaitEnded { reason };
+    ClientError::Server {
+        code: error.code(),
+        message: error.to_string(),
+        retryable: false,
+        lease_error: Some(error),
+        retry_after_ms: None,
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Client {
+    /// Acquires `options.key`, waiting up to `options.wait` in the resource's FIFO queue while
+    /// it is held. When the holder releases the lease or it expires, the first waiter still
+    /// alive gets it at once, with a new fencing token, and its call returns the grant.
+    ///
+    /// A grant that arrives after a long park is renewed once at once, so its safe window
+    /// counts from a fresh send (the window of the grant itself counts from the send of the
+    /// attempt that got it, which may be up to [`PARK_ATTEMPT_MAX`] earlier). Nothing renews it
+    /// afterwards: renew it, or use a [`crate::Session`] (`Session::acquire_wait`), whose
+    /// keep-alives keep every lease of the session.
+    ///
+    /// Errors: `ALREADY_HELD` with [`WaitEndReason::TimedOut`] when the wait ran out (the wait
+    /// is cancelled), `ALREADY_HELD` without one when the caller already holds the resource,
+    /// `QUOTA_EXCEEDED` when the queue is full.
+    pub async fn acquire_wait(&self, options: WaitOptions) -> Result<Grant, ClientError> {
+        let request_id = options
+            .request_id
+            .clone()
+            .unwrap_or_else(|| self.new_request_id());
+        let ttl_ms = millis(options.ttl);
+        let lease = WaitLease::Ttl { ttl_ms };
+        let (result, sent_at) = self
+            .wait_in_queue(
+                &options.key,
+                &options.holder_id,
+                lease,
+                options.wait,
+                &request_id,
+            )
+            .await?;
+        let Some(granted) = result.reply.grant() else {
+            return Err(ClientError::Protocol(
+                "AcquireWait answered with neither a grant nor a position".into(),
+            ));
+        };
+        let grant = self.make_grant(
+            options.key.clone(),
+            options.holder_id.clone(),
+            request_id,
+            sent_at,
+            granted,
+            result.group_id,
+            (result.replayed, result.replay),
+        );
+        let parked = crate::time::now().saturating_duration_since(sent_at);
+        if parked < Duration::from_secs(1) {
+            return Ok(grant);
+        }
+        // The window counts from the attempt's send, up to a park earlier: renew now to count
+        // it from here. (A renew that fails leaves the caller the grant's own window.)
+        match self
+            .renew(
+                options.key,
+                grant.lease_id,
+                options.holder_id,
+                options.ttl,
+                None,
+            )
+            .await
+        {
+            Ok(renewed) => Ok(renewed),
+            Err(_) => Ok(grant),
+        }
+    }
+
+    /// Cancels a wait by its request id: it leaves the queue. If the wait was granted before
+    /// the cancel arrived, the receipt carries the grant: the caller holds that lease.
+    pub async fn cancel_wait(
+        &self,
+        key: &ResourceKey,
+        holder_id: &str,
+        request_id: &str,
+    ) -> Result<WaitCancelReceipt, ClientError> {
+        let group = self.group_of(key).await?;
+        let body = RequestBody::Lease(LeaseOp::WaitCancel(WaitCancelRequest {
+            key: key.clone(),
+            holder_id: holder_id.to_owned(),
+            request_id: request_id.to_owned(),
+        }));
+        match self
+            .call(
+                Some(group),
+                body,
+                RequestFlags::default(),
+                Some(&key.tenant_id),
+            )
+            .await?
+        {
+            ResponseBody::Lease(LeaseResult {
+                reply: LeaseReply::WaitCancelled(receipt),
+                ..
+            }) => Ok(receipt),
+            _ => Err(ClientError::Protocol(
+                "WaitCancel answered with another kind".into(),
+            )),
+        }
+    }
+
+    /// Sends the AcquireWait until it is answered with anything but a queue position, or the
+    /// wait runs out (then cancels it: a grant the cancel reports is released, since the
+    /// caller has stopped waiting for it). The answer, and when its attempt was sent.
+    pub(crate) async fn wait_in_queue(
+        &self,
+        key: &ResourceKey,
+        holder_id: &str,
+        lease: WaitLease,
+        wait: Duration,
+        request_id: &str,
+    ) -> Result<(LeaseResult, Instant), ClientError> {
+        let group = self.group_of(key).await?;
+        let wait_ms = millis(wait).max(1);
+        let deadline = crate::time::now() + wait + WAIT_END_SLACK;
+        loop {
+            let now = crate::time::now();
+            if now >= deadline {
+                break;
+            }
+            let attempt = deadline
+                .saturating_duration_since(now)
+                .min(PARK_ATTEMPT_MAX);
+            let body = RequestBody::Lease(LeaseOp::AcquireWait(WaitAcquireRequest {
+                key: key.clone(),
+                holder_id: holder_id.to_owned(),
+                lease,
+                wait_ms,
+                request_id: request_id.to_owned(),
+            }));
+            let answer = self
+                .call_with_attempts(
+                    Some(group),
+                    body,
+                    RequestFlags::default(),
+                    Some(&key.tenant_id),
+                    deadline,
+                    attempt,
+                )
+                .await;
+            match answer {
+                Ok(ResponseBody::Lease(result)) => {
+                    if matches!(result.reply, LeaseReply::Queued(_)) {
+                        continue;
+                    }
+                    return Ok((result, now));
+                }
+                Ok(_) => {
+                    return Err(ClientError::Protocol(
+                        "AcquireWait answered with another kind".into(),
+                    ));
+                }
+                Err(ClientError::DeadlineExceeded { .. }) => break,
+                Err(error) => return Err(error),
+            }
+        }
+        let receipt = self.cancel_wait(key, holder_id, request_id).await?;
+        if let Some(grant) = receipt.granted {
+            // Granted while the caller was giving up: it no longer wants it.
+            let _ = self
+                .release(key.clone(), grant.lease_id, holder_id, None)
+                .await;
+        }
+        Err(wait_ended(WaitEndReason::TimedOut))
+    }
+}
+
+/// True when `error` says a wait ended without a grant (timed out, cancelled, its session
+/// ended).
+pub fn is_wait_ended(error: &ClientError) -> bool {
+    matches!(
+        error,
+        ClientError::Server {
+            code: ErrorCode::AlreadyHeld,
+            lease_error: Some(tenure_core::LeaseError::WaitEnded { .. }),
+            ..
+        }
+    )
+}
