@@ -106,6 +106,9 @@ struct Args {
     /// none) or close them.
     #[arg(long, value_enum, default_value = "expire")]
     session_end: SessionEnd,
+    /// handoff: the waiter counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,1000")]
+    waiters: Vec<u64>,
     /// Bound of hold's acquire phase (a target too slow to renew what it holds stops there).
     #[arg(long, default_value = "120s", value_parser = tenure_loadgen::parse_duration)]
     acquire_phase_max: Duration,
@@ -308,6 +311,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         acquire_phase_max: args.acquire_phase_max,
         sessions: args.sessions,
         session_end: args.session_end,
+        waiters: args.waiters.clone(),
         node_metrics_urls: match (&args.cluster, args.target) {
             (Some(cluster), TargetKind::Tenure | TargetKind::TenureHttp) => {
                 cluster_http_urls(cluster)?

@@ -78,6 +78,14 @@ impl NodeMetrics {
     }
 }
 
+impl NodeMetrics {
+    /// The sum over every node of gauge `name` (as [`NodeMetrics::counter_sum`] sums a
+    /// counter).
+    pub async fn gauge_sum(&self, name: &str) -> Result<f64, ScrapeError> {
+        self.counter_sum(name).await
+    }
+}
+
 /// One node's exposition, within `SCRAPE_TIMEOUT` for the whole exchange.
 async fn scrape(
     client: &HyperClient<HttpConnector, Empty<Bytes>>,

@@ -21,6 +21,10 @@
 //!   it reports how long the nodes took to end every bound lease (their own counter), and the
 //!   background's p99 during that against before it (`session_expiry`).
 //!
+//! - `handoff` (tenure only): with 1, 10 and 1,000 waiters queued on a held resource, the
+//!   latency from a release to the next waiter's grant being answered, and the requests per
+//!   hand-off (`handoff`).
+//!
 //! Closed loop: each worker waits for its answer before issuing the next operation. Open loop
 //! (`rate` set; `acquire`, `mixed`, `contended`): each worker has a fixed schedule at
 //! `rate / workers`, and latency runs from the intended start, so an operation delayed by a
@@ -45,7 +49,9 @@ use crate::keys::{KeyChooser, resource_name, unique_resource_name};
 use crate::stats::{IntervalSample, OpKind, OpSummary, Percentiles, Recorder};
 use crate::target::{HeldLease, HoldHandle, Target};
 
+mod handoff;
 mod session_expiry;
+pub use handoff::HAND_OFFS_MIN;
 pub use session_expiry::SessionEnd;
 
 /// The workloads.
@@ -62,6 +68,8 @@ pub enum ScenarioKind {
     Contended,
     /// K leases expiring at once; time to reclaim all, and the effect on other traffic.
     Expiry,
+    /// Hand-offs from a release to the next queued waiter (tenure only).
+    Handoff,
 }
 
 impl ScenarioKind {
@@ -73,6 +81,7 @@ impl ScenarioKind {
             ScenarioKind::Hold => "hold",
             ScenarioKind::Contended => "contended",
             ScenarioKind::Expiry => "expiry",
+            ScenarioKind::Handoff => "handoff",
         }
     }
 }
@@ -184,6 +193,8 @@ pub struct LoadConfig {
     pub sessions: u64,
     /// `expiry` with sessions: how the sessions end.
     pub session_end: SessionEnd,
+    /// `handoff`: the waiter counts to measure, in order.
+    pub waiters: Vec<u64>,
     /// The nodes' HTTP addresses (`http://host:port`), whose `/metrics` the session-expiry run
     /// reads; empty when unknown.
     pub node_metrics_urls: Vec<String>,
@@ -285,6 +296,7 @@ pub async fn run(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome,
             }
             run_hold(target, config).await
         }
+        ScenarioKind::Handoff => handoff::run_handoff(target, config).await,
         ScenarioKind::Expiry => {
             if config.rate_ops_per_s.is_some() {
                 return Err(ScenarioError::Config("expiry has no open-loop mode".into()));

@@ -121,7 +121,8 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(histogram: &Histogram<u64>) -> Self {
+    /// The percentiles of `histogram` (all zero when it is empty).
+    pub fn of(histogram: &Histogram<u64>) -> Self {
         if histogram.is_empty() {
             return Percentiles::default();
         }

@@ -43,6 +43,10 @@ pub struct WaitOptions {
     /// The wait's request id; `None` generates one. A caller that retries a wait itself (after
     /// a crash, say) with the same id finds its place, or the grant, again.
     pub request_id: Option<String>,
+    /// Renew a grant that came after a long park at once, so its safe window counts from a
+    /// fresh send (default). Off: the grant is returned as answered (its window counts from
+    /// the send of the attempt that got it), one request fewer per hand-off.
+    pub renew_after_park: bool,
 }
 
 impl WaitOptions {
@@ -60,6 +64,7 @@ impl WaitOptions {
             ttl,
             wait,
             request_id: None,
+            renew_after_park: true,
         }
     }
 }
@@ -126,7 +131,7 @@ impl Client {
             (result.replayed, result.replay),
         );
         let parked = crate::time::now().saturating_duration_since(sent_at);
-        if parked < Duration::from_secs(1) {
+        if parked < Duration::from_secs(1) || !options.renew_after_park {
             return Ok(grant);
         }
         // The window counts from the attempt's send, up to a park earlier: renew now to count

@@ -81,6 +81,7 @@ fn config(scenario: ScenarioKind, keyspace: u64, distribution: KeyDistribution) 
         sessions: 0,
         session_end: SessionEnd::Expire,
         node_metrics_urls: Vec::new(),
+        waiters: vec![1],
         seed: 3,
         run_tag: rand_tag(),
         progress: true,
@@ -307,6 +308,24 @@ async fn loadgen_scenarios_against_a_real_cluster() {
     );
     assert_eq!(details["not_free_after_sampled"], 0, "{details}");
     println!("loadgen expiry sessions: {details}");
+
+    // handoff: chains of hand-offs through 1 and 10 queued waiters (at least 200 each, or the
+    // 20 s bound); every waiter is answered with its grant, and the requests per hand-off stay
+    // O(1): at most the acquire, the wait and the releases of a round, never a poll per waiter.
+    let mut handoff = config(ScenarioKind::Handoff, 1, KeyDistribution::Uniform);
+    handoff.duration = Duration::from_secs(20);
+    handoff.waiters = vec![1, 10];
+    handoff.node_metrics_urls = session_expiry.node_metrics_urls.clone();
+    handoff.run_tag = rand_tag();
+    let (_, json) = run_checked("loadgen handoff", &native, &handoff, &[]).await;
+    let rows = json["details"]["hand_offs"].as_array().unwrap().clone();
+    assert_eq!(rows.len(), 2, "{json}");
+    for row in &rows {
+        assert!(row["hand_offs"].as_u64().unwrap() > 0, "{row}");
+        let per = row["client_requests_per_hand_off"].as_f64().unwrap();
+        assert!(per <= 4.5, "requests per hand-off grew: {row}");
+    }
+    println!("loadgen handoff: {}", json["details"]);
 
     native.close().await;
 }
