@@ -27,7 +27,7 @@
 //!
 //! Must not depend on: the groups or the wire (counters only).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -225,6 +225,21 @@ struct ProposalLoad {
     saturated: bool,
     /// The last window that ended (zero when it saw nothing, or ended more than a window ago).
     previous: NodeLoad,
+    /// Windows that ended, newest last, with the times they started and ended: a tenant's
+    /// window decided late (at the first request after it) is judged by the load of its own
+    /// time, not by the load of the moment it is decided.
+    history: VecDeque<ClosedWindow>,
+}
+
+/// Closed load windows kept for deciding tenant windows late.
+const LOAD_WINDOWS_KEPT: usize = 4;
+
+/// One load window that ended.
+#[derive(Debug, Clone, Copy)]
+struct ClosedWindow {
+    started_ms: u64,
+    ended_ms: u64,
+    load: NodeLoad,
 }
 
 /// How loaded the node is: over the last window and the current one so far, the higher.
@@ -253,16 +268,52 @@ impl ProposalLoad {
         if elapsed_ms < window_ms {
             return;
         }
+        let closed = self.current();
         self.previous = if elapsed_ms >= window_ms.saturating_mul(2) {
             // The window after this one saw nothing: what this one saw is out of date.
             NodeLoad::default()
         } else {
-            self.current()
+            closed
         };
+        if closed != NodeLoad::default() {
+            if self.history.len() >= LOAD_WINDOWS_KEPT {
+                self.history.pop_front();
+            }
+            self.history.push_back(ClosedWindow {
+                started_ms: self.started_ms,
+                ended_ms: self.started_ms.saturating_add(window_ms),
+                load: closed,
+            });
+        }
         self.started_ms = now_ms;
         self.duration_us_sum = 0;
         self.proposals = 0;
         self.saturated = false;
+    }
+
+    /// The load as it was at `at_ms` (not after now): the higher of the windows that were
+    /// current or had ended within a window before it. Does not roll.
+    fn load_as_of(&self, at_ms: u64, window_ms: u64) -> NodeLoad {
+        let from_ms = at_ms.saturating_sub(window_ms);
+        let overlaps = |started_ms: u64, ended_ms: u64| started_ms <= at_ms && ended_ms > from_ms;
+        let mut load = NodeLoad::default();
+        let current_ended_ms = self.started_ms.saturating_add(window_ms);
+        let windows = self
+            .history
+            .iter()
+            .copied()
+            .chain(std::iter::once(ClosedWindow {
+                started_ms: self.started_ms,
+                ended_ms: current_ended_ms,
+                load: self.current(),
+            }));
+        for window in windows {
+            if overlaps(window.started_ms, window.ended_ms) {
+                load.proposal_mean_us = load.proposal_mean_us.max(window.load.proposal_mean_us);
+                load.saturated |= window.load.saturated;
+            }
+        }
+        load
     }
 
     fn load(&self) -> NodeLoad {
@@ -290,17 +341,24 @@ struct TenantWindow {
 
 impl TenantWindow {
     /// Closes the window when its time is up (deciding on it whole, with `load` giving the
-    /// node's load now, asked only when a window under pressure needs it) and starts the next.
-    fn roll(&mut self, now_ms: u64, settings: &PressureSettings, load: impl FnOnce() -> NodeLoad) {
+    /// node's load as of the window's end, asked only when a window under pressure needs it)
+    /// and starts the next.
+    fn roll(
+        &mut self,
+        now_ms: u64,
+        settings: &PressureSettings,
+        load: impl FnOnce(u64) -> NodeLoad,
+    ) {
         if now_ms.saturating_sub(self.started_ms) < settings.window_ms {
             return;
         }
+        let ended_ms = self.started_ms.saturating_add(settings.window_ms);
         let share_met = u64::from(self.late) * 100
             >= u64::from(self.seen) * u64::from(settings.late_share_percent);
         let refusing = now_ms < self.refuse_until_ms;
         if self.late >= settings.late_min
             && share_met
-            && settings.short_of_capacity(load(), refusing)
+            && settings.short_of_capacity(load(ended_ms), refusing)
         {
             let until = self
                 .started_ms
@@ -396,6 +454,14 @@ impl RenewalPressure {
         load.load()
     }
 
+    /// The node's load as it was at `at_ms` (see [`ProposalLoad::load_as_of`]), asked at
+    /// `now_ms` (which rolls the windows as any request does).
+    fn node_load_as_of(&self, at_ms: u64, now_ms: u64) -> NodeLoad {
+        let mut load = self.lock_load();
+        load.roll(now_ms, self.settings.window_ms);
+        load.load_as_of(at_ms.min(now_ms), self.settings.window_ms)
+    }
+
     /// Whether the mechanism is on.
     pub fn enabled(&self) -> bool {
         self.settings.late_remaining_percent > 0
@@ -442,7 +508,9 @@ impl RenewalPressure {
         let Some(window) = tenants.get_mut(tenant) else {
             return;
         };
-        window.roll(now_ms, &settings, || self.node_load(now_ms));
+        window.roll(now_ms, &settings, |at_ms| {
+            self.node_load_as_of(at_ms, now_ms)
+        });
         window.seen = window.seen.saturating_add(1);
         if timing == RenewalTiming::Late {
             window.late = window.late.saturating_add(1);
@@ -452,12 +520,11 @@ impl RenewalPressure {
     /// Tenants whose new acquires are refused at monotonic time `now_ms`.
     pub fn tenants_under_pressure(&self, now_ms: u64) -> usize {
         let settings = self.settings;
-        let mut load = None;
         let mut tenants = self.lock();
         let mut refused = 0;
         for window in tenants.values_mut() {
-            window.roll(now_ms, &settings, || {
-                *load.get_or_insert_with(|| self.node_load(now_ms))
+            window.roll(now_ms, &settings, |at_ms| {
+                self.node_load_as_of(at_ms, now_ms)
             });
             if now_ms < window.refuse_until_ms {
                 refused += 1;
@@ -478,7 +545,9 @@ impl RenewalPressure {
             let Some(window) = tenants.get_mut(tenant) else {
                 return Ok(());
             };
-            window.roll(now_ms, &settings, || self.node_load(now_ms));
+            window.roll(now_ms, &settings, |at_ms| {
+                self.node_load_as_of(at_ms, now_ms)
+            });
             window.refuse_until_ms
         };
         if now_ms >= until {
@@ -613,6 +682,35 @@ mod tests {
         assert!(loaded(30_500));
         assert!(loaded(31_500));
         assert!(!loaded(33_000));
+    }
+
+    /// A window is decided by the first request after it ends, which may come well after: it
+    /// is judged by the node's load of its own time (the CI failure: an acquire 2 s after the
+    /// late renewals found the slow proposals' window rolled away and was served).
+    #[test]
+    fn a_window_decided_late_is_judged_by_the_load_of_its_time() {
+        let pressure = RenewalPressure::new(PressureSettings::with_late_remaining_percent(50));
+        let threshold_us = u64::from(LOADED_PROPOSAL_MS_DEFAULT) * 1_000;
+        for i in 0..10 {
+            pressure.record_proposal(1_000 + i, 4 * threshold_us);
+            pressure.record("a", 1_000 + i, RenewalTiming::Late);
+        }
+        // Quick proposals later (another tenant's) roll the slow window into the past.
+        pressure.record_proposal(2_500, 100);
+        pressure.record_proposal(3_600, 100);
+        assert_eq!(pressure.node_load(2_900).proposal_mean_us, 100);
+        // Window [1000, 2000) decided at 2900: refused until 4000.
+        let refused = pressure.admit_acquire("a", 2_900).unwrap_err();
+        assert_eq!(refused.retry_after_ms, Some(1_100));
+        pressure.admit_acquire("a", 4_000).unwrap();
+        // Slow proposals after a window say nothing about it.
+        let pressure = RenewalPressure::new(PressureSettings::with_late_remaining_percent(50));
+        for i in 0..10 {
+            pressure.record_proposal(1_000 + i, 100);
+            pressure.record("b", 1_000 + i, RenewalTiming::Late);
+        }
+        pressure.record_proposal(3_500, 4 * threshold_us);
+        pressure.admit_acquire("b", 3_600).unwrap();
     }
 
     #[test]
