@@ -834,6 +834,10 @@ pub struct ApplyOutput {
     pub result: CommandResult,
     /// Leases reclaimed while applying this entry, oldest expiry first.
     pub reclaimed: Vec<ReclaimedLease>,
+    /// Leases past their expiry (never reclaimed) that an acquire in this entry took over, in
+    /// the order it did: they ended by expiry too. Not counted as reclaimed (the expiry
+    /// metrics and the apply's garbage collection budget count reclaims only).
+    pub superseded: Vec<ReclaimedLease>,
     /// Waits that ended while applying this entry (hand-offs included), in the order they ended.
     pub waits_ended: Vec<WaitEnded>,
 }

@@ -64,6 +64,7 @@ mod negative;
 mod placement;
 mod state;
 mod validate;
+mod watch;
 
 pub use cluster::{
     CLUSTER_NODES_MAX, ClusterChange, ClusterError, ClusterMeta, ClusterOp, FounderNode,
@@ -101,3 +102,4 @@ pub use state::{
 pub use validate::{
     validate_holder_id, validate_request_id, validate_resource_id, validate_tenant_id,
 };
+pub use watch::{ExpiryReason, WatchEvent, WatchEventKind, WatchSelector, events_of};

@@ -36,7 +36,8 @@
 use serde::{Deserialize, Serialize};
 use tenure_core::{
     ClusterChange, ClusterError, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, LeaseError,
-    LeaseOp, LeaseReply, LeaseView, ListPage, ListRequest, ReplayState, ResourceKey,
+    LeaseOp, LeaseReply, LeaseView, ListPage, ListRequest, ReplayState, ResourceKey, WatchEvent,
+    WatchSelector,
 };
 
 use crate::peer::ProtoError;
@@ -71,7 +72,8 @@ pub const CLIENT_ALPN_PREFIX: &[u8] = b"tenure-client/";
 ///   `SessionExpired`, and `LeaseView` ends with the lease's `session_id`.
 /// - 8: wait queues: [`LeaseOp`] gains `AcquireWait` and `WaitCancel`, `LeaseReply` gains
 ///   `Queued` and `WaitCancelled`, the state machine's error `WaitEnded`, and `QuotaKind` the
-///   waiter quotas.
+///   waiter quotas; watches: [`RequestBody::Watch`] appended, answered by
+///   [`ResponseBody::Watch`].
 pub const CLIENT_PROTOCOL_VERSION: u16 = 8;
 
 /// The client protocol version an ALPN identifier names: `Ok` only for this build's
@@ -100,6 +102,15 @@ pub fn check_client_alpn(alpn: &[u8]) -> Result<u16, ProtoError> {
         })
     }
 }
+
+/// Most events in one answer to [`RequestBody::Watch`] (an answer ends at an entry's end, so
+/// one entry's events are never split: a larger entry, such as an Expire that reclaimed many
+/// leases, is answered alone and whole).
+pub const WATCH_EVENTS_PER_ANSWER_MAX: u32 = 256;
+
+/// Longest a node holds a [`RequestBody::Watch`] open while no selected event arrives, in
+/// milliseconds (the request's own timeout bounds it further).
+pub const WATCH_WAIT_MS_MAX: u32 = 30_000;
 
 /// Largest frame body accepted in either direction (4 MiB).
 pub const CLIENT_FRAME_BYTES_MAX: usize = 4 << 20;
@@ -261,6 +272,49 @@ pub enum RequestBody {
         /// The token the writer presents.
         fencing_token: u64,
     },
+    /// One poll of a watch: the selected events of one group's log after an index, held open up
+    /// to `wait_ms` while there are none (appended with watches, protocol 8). A watch is a
+    /// sequence of polls, each continuing from the previous answer's `through_index`; the
+    /// client library turns it into a stream. Served by the group's leader (forwarded there
+    /// when asked), or any replica with [`RequestFlags::stale_read`].
+    Watch(WatchPoll),
+}
+
+/// One poll of a watch ([`RequestBody::Watch`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchPoll {
+    /// The group whose log is read (a resource's group, or each group in turn for a tenant or a
+    /// prefix).
+    pub group_id: u32,
+    /// Which events.
+    pub selector: WatchSelector,
+    /// Events of entries after this log index; `None` starts now: answered at once with no
+    /// events, the current index as `through_index` (and, for one resource, its lease then).
+    pub after_index: Option<u64>,
+    /// How long the node may hold the poll while no selected event arrives, in milliseconds
+    /// (at most [`WATCH_WAIT_MS_MAX`]; 0 answers at once).
+    pub wait_ms: u32,
+    /// Most events in the answer (at most [`WATCH_EVENTS_PER_ANSWER_MAX`]).
+    pub events_max: u32,
+}
+
+/// The answer to one [`WatchPoll`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchPage {
+    /// The group.
+    pub group_id: u32,
+    /// The selected events after the poll's index, in log order, whole entries only.
+    pub events: Vec<WatchEvent>,
+    /// The answer covers every entry up to this index: the next poll continues after it.
+    pub through_index: u64,
+    /// True when the events the poll asked for are no longer retained on the node (the watcher
+    /// fell too far behind, or the node restarted or installed a snapshot since): the events
+    /// between the poll's index and `through_index` are lost, and the watcher re-reads the
+    /// state (`current` for one resource, Get or List otherwise) before it goes on.
+    pub resync: bool,
+    /// For a one-resource selector, on a start (`after_index` `None`) or a resync: the
+    /// resource's lease as of `through_index` (`None` when it has no record).
+    pub current: Option<LeaseView>,
 }
 
 impl RequestBody {
@@ -281,6 +335,7 @@ impl RequestBody {
             RequestBody::ClusterNodes => "cluster_nodes",
             RequestBody::ClusterChange(_) => "cluster_change",
             RequestBody::CheckFence { .. } => "check_fence",
+            RequestBody::Watch(_) => "watch",
         }
     }
 }
@@ -321,6 +376,8 @@ pub enum ResponseBody {
     ClusterChanged(ClusterChange),
     /// `CheckFence`'s answer.
     FenceChecked(FenceCheckResult),
+    /// `Watch`'s answer (appended with watches, protocol 8).
+    Watch(WatchPage),
 }
 
 /// A group's replica set as one replica (the leader, when it is known) sees it.
@@ -425,6 +482,7 @@ impl ResponseBody {
             ResponseBody::Cluster(_) => "Cluster",
             ResponseBody::ClusterChanged(_) => "ClusterChanged",
             ResponseBody::FenceChecked(_) => "FenceChecked",
+            ResponseBody::Watch(_) => "Watch",
         }
     }
 }

@@ -71,6 +71,7 @@ pub mod request;
 pub mod serve;
 pub mod shared;
 pub(crate) mod waits;
+pub(crate) mod watch;
 
 pub use config::ServerConfig;
 pub use error::ServerError;

@@ -52,6 +52,16 @@ pub const SESSION_LEASES_ENDED_TOTAL: &str = "tenure_session_leases_ended_total"
 pub const WAIT_HAND_OFFS_TOTAL: &str = "tenure_wait_hand_offs_total";
 /// AcquireWait calls parked on this node until their wait ends (bounded per node).
 pub const WAITS_PARKED: &str = "tenure_waits_parked";
+/// Watch events recorded in this node's rings (every replica records the events of the entries
+/// it applies: divide the cluster's sum by the replication factor).
+pub const WATCH_EVENTS_TOTAL: &str = "tenure_watch_events_total";
+/// Watch rings emptied because the replica's applied index jumped (a snapshot install): polls
+/// from before are answered `resync`.
+pub const WATCH_RING_RESETS_TOTAL: &str = "tenure_watch_ring_resets_total";
+/// Watch polls answered `resync` (the watcher asked for events no longer retained).
+pub const WATCH_RESYNCS_TOTAL: &str = "tenure_watch_resyncs_total";
+/// Watch polls held open on this node (bounded per node).
+pub const WATCH_POLLS_PARKED: &str = "tenure_watch_polls_parked";
 /// WAL syncs of this node's storage.
 pub const FSYNCS_TOTAL: &str = "tenure_fsyncs_total";
 /// Log entries made durable per WAL sync (since start).
@@ -160,6 +170,9 @@ pub const COUNTERS: &[&str] = &[
     EXPIRATIONS_TOTAL,
     SESSION_LEASES_ENDED_TOTAL,
     WAIT_HAND_OFFS_TOTAL,
+    WATCH_EVENTS_TOTAL,
+    WATCH_RING_RESETS_TOTAL,
+    WATCH_RESYNCS_TOTAL,
     FSYNCS_TOTAL,
     TRANSPORT_FRAMES_TOTAL,
     TRANSPORT_MESSAGES_TOTAL,
@@ -184,6 +197,7 @@ pub const COUNTERS: &[&str] = &[
 pub const GAUGES: &[&str] = &[
     REQUESTS_INFLIGHT,
     WAITS_PARKED,
+    WATCH_POLLS_PARKED,
     HTTP_CONNECTIONS_OPEN,
     APPLY_LAG_ENTRIES,
     GROUPS_LED,

@@ -243,6 +243,7 @@ impl Node {
             negative_control,
         };
         let waits = crate::waits::WaitRegistry::new();
+        let watches = crate::watch::WatchHub::new();
         let factory = ReplicaFactory::new(
             node_id,
             storage.clone(),
@@ -254,6 +255,7 @@ impl Node {
                 clock: clock.clone(),
                 settings,
                 waits: waits.clone(),
+                watches: watches.clone(),
             },
         );
         let at_start = factory.open_at_start(&config).await?;
@@ -569,8 +571,10 @@ fn shared_state(
         .map_err(|e| ServerError::Config(format!("placement: {e}")))?;
     let remote_leaders = vec![LeaderView::default(); config.groups as usize];
     let waits = replicas.waits();
+    let watches = replicas.watches();
     Ok(NodeShared {
         waits,
+        watches,
         auth,
         node_ids: config.peers.keys().copied().collect(),
         groups: std::sync::RwLock::new(groups),

@@ -45,6 +45,8 @@ pub(crate) struct ReplicaSettings {
     pub(crate) settings: GroupSettings,
     /// Sees every entry the replicas apply: answers the AcquireWait calls parked here.
     pub(crate) waits: Arc<crate::waits::WaitRegistry>,
+    /// Sees every entry the replicas apply: the watch rings.
+    pub(crate) watches: Arc<crate::watch::WatchHub>,
 }
 
 /// Opens replicas: their stores, their Raft, their registration with the transport.
@@ -84,6 +86,11 @@ impl ReplicaFactory {
         Arc::clone(&self.settings.waits)
     }
 
+    /// The watch rings, which every replica's applies feed.
+    pub(crate) fn watches(&self) -> Arc<crate::watch::WatchHub> {
+        Arc::clone(&self.settings.watches)
+    }
+
     /// Opens this node's replica of `group` (empty when it has no data) and registers it with
     /// the transport.
     pub(crate) async fn open(
@@ -96,8 +103,13 @@ impl ReplicaFactory {
             clock,
             settings,
             waits,
+            watches,
         } = &self.settings;
-        let observer: Arc<dyn tenure_storage::ApplyObserver> = waits.clone();
+        let observer: Arc<dyn tenure_storage::ApplyObserver> =
+            Arc::new(crate::watch::AppliedFeed {
+                waits: waits.clone(),
+                watches: watches.clone(),
+            });
         let state_machine = self
             .storage
             .state_machine(group, *state_options)?

@@ -16,11 +16,12 @@ use std::time::Duration;
 
 use tenure_core::{
     ErrorCode, FenceVerdict, LeaseOp, LeaseOpKind, LeaseOutcome, LeaseReply, LeaseStatus,
-    LeaseView, ResourceKey,
+    LeaseView, ResourceKey, WatchSelector,
 };
 use tenure_proto::client::{
     FenceCheckResult, GetResult, GroupLeader, LeaseResult, NodeAddress, NodeStatus, Principal,
-    RequestBody, RequestFlags, ResponseBody, RoutingTable, WireError,
+    RequestBody, RequestFlags, ResponseBody, RoutingTable, WATCH_WAIT_MS_MAX, WatchPage, WatchPoll,
+    WireError,
 };
 use tokio::time::Instant;
 
@@ -30,6 +31,7 @@ use crate::group::GroupHandle;
 use crate::metrics as m;
 use crate::shared::{NodeShared, Readiness};
 use crate::waits::{Registration, WaitKey};
+use crate::watch::Found;
 
 /// Who asks, and how.
 #[derive(Debug, Clone)]
@@ -367,6 +369,92 @@ impl NodeShared {
                 }
                 self.forward_or_refuse(group_id, &ctx, RequestBody::List { group_id, request })
                     .await
+            }
+            RequestBody::Watch(poll) => self.watch_poll(poll, &ctx).await,
+        }
+    }
+
+    /// One poll of a watch (`crate::watch`): served by the group's ready leader (or, with a
+    /// stale read, any replica) from its ring; otherwise forwarded or refused like a read.
+    /// Admission is taken to check the tenant's bounds and let go before the poll is held open.
+    async fn watch_poll(
+        self: &Arc<Self>,
+        poll: WatchPoll,
+        ctx: &RequestContext,
+    ) -> Result<ResponseBody, WireError> {
+        let tenant_id = poll.selector.tenant_id().to_owned();
+        check_tenant(&ctx.principal, &tenant_id)?;
+        poll.selector
+            .validate()
+            .map_err(WireError::from_lease_error)?;
+        self.check_group_id(poll.group_id)?;
+        let resource = match &poll.selector {
+            WatchSelector::Resource(key) => {
+                let group = self.placement.group_of(&key.tenant_id, &key.resource_id).0;
+                if group != poll.group_id {
+                    return Err(invalid(format!(
+                        "the resource is in group {group}, not {}",
+                        poll.group_id
+                    )));
+                }
+                Some(key.clone())
+            }
+            WatchSelector::Tenant(_) | WatchSelector::Prefix { .. } => None,
+        };
+        drop(self.admission.admit(&tenant_id, RequestClass::Other)?);
+        let group = poll.group_id;
+        let Some(handle) = self.group(group) else {
+            return self
+                .forward_or_refuse(group, ctx, RequestBody::Watch(poll))
+                .await;
+        };
+        if !handle.await_ready_leader(ready_wait(ctx)).await && !ctx.flags.stale_read {
+            return self
+                .forward_or_refuse(group, ctx, RequestBody::Watch(poll))
+                .await;
+        }
+        // The resource's lease with the exact index it was read at: the start of a watch, or
+        // where it goes on after a resync.
+        let current_at_index = || -> Result<(Option<LeaseView>, u64), WireError> {
+            handle
+                .state_machine()
+                .with_leases_at_index(|leases, index| {
+                    let view = match &resource {
+                        Some(key) => leases.get(key, leases.last_log_time_ms())?,
+                        None => None,
+                    };
+                    Ok((view, index))
+                })
+                .map_err(WireError::from_lease_error)
+        };
+        let page = |events, through_index, resync, current| {
+            Ok(ResponseBody::Watch(WatchPage {
+                group_id: group,
+                events,
+                through_index,
+                resync,
+                current,
+            }))
+        };
+        let Some(after_index) = poll.after_index else {
+            let (current, index) = current_at_index()?;
+            return page(Vec::new(), index, false, current);
+        };
+        let wait = Duration::from_millis(u64::from(poll.wait_ms.min(WATCH_WAIT_MS_MAX)))
+            .min(ctx.timeout.saturating_sub(PARK_ANSWER_MARGIN));
+        let found = self
+            .watches
+            .poll(group, &poll.selector, after_index, poll.events_max, wait)
+            .await?;
+        match found {
+            Found::Events {
+                events,
+                through_index,
+            } => page(events, through_index, false, None),
+            Found::Resync { .. } => {
+                ::metrics::counter!(m::WATCH_RESYNCS_TOTAL).increment(1);
+                let (current, index) = current_at_index()?;
+                page(Vec::new(), index, true, current)
             }
         }
     }

@@ -64,6 +64,8 @@ pub struct NodeShared {
     pub(crate) renewal_pressure: RenewalPressure,
     /// The AcquireWait calls parked on this node (`crate::waits`).
     pub(crate) waits: Arc<crate::waits::WaitRegistry>,
+    /// The watch rings of the groups hosted here (`crate::watch`).
+    pub(crate) watches: Arc<crate::watch::WatchHub>,
     /// The clock the groups' leader clocks read (and renewal pressure is timed by).
     pub(crate) clock: Arc<dyn MonotonicClock>,
     pub(crate) fault_controls: Option<Arc<FaultControls>>,

@@ -4,7 +4,7 @@
 //!
 //! A call registers before it proposes (so a hand-off applied before the proposer even sees
 //! the `Queued` answer is not missed), and the registry watches every entry this node applies,
-//! as leader or follower ([`tenure_storage::ApplyObserver`]): a call parked on a node that
+//! as leader or follower (through `crate::watch::AppliedFeed`, the storage's apply observer): a call parked on a node that
 //! lost the leadership meanwhile is still answered when the node applies the hand-off. A call
 //! whose park time ends first is answered with its queue position, and its client retries the
 //! same request id (which finds the grant, the end of the wait, or the position again).
@@ -102,8 +102,10 @@ impl WaitRegistry {
     }
 }
 
-impl tenure_storage::ApplyObserver for WaitRegistry {
-    fn applied(&self, group: u32, _index: u64, output: &ApplyOutput) {
+impl WaitRegistry {
+    /// What applying an entry of `group` produced (every replica's applies reach here through
+    /// `crate::watch::AppliedFeed`): answers the calls parked on the waits it ended.
+    pub(crate) fn observe(&self, group: u32, output: &ApplyOutput) {
         if output.waits_ended.is_empty() {
             return;
         }
@@ -174,7 +176,6 @@ mod tests {
     use super::*;
     use std::time::Duration;
     use tenure_core::{CommandResult, GroupId, LeaseGrant, LeaseId, WaitEndReason, WaitEnded};
-    use tenure_storage::ApplyObserver;
 
     fn key(request: &str) -> WaitKey {
         WaitKey {
@@ -190,6 +191,7 @@ mod tests {
             log_time_ms: 10,
             result: CommandResult::Expire { more_due: false },
             reclaimed: Vec::new(),
+            superseded: Vec::new(),
             waits_ended: vec![WaitEnded {
                 tenant_id: "t".into(),
                 resource_id: "r".into(),
@@ -221,9 +223,9 @@ mod tests {
             ttl_ms: 1_000,
             created: true,
         });
-        registry.applied(3, 1, &output("a", Ok(grant.clone())));
+        registry.observe(3, &output("a", Ok(grant.clone())));
         // Another group's entry with the same names is not this wait.
-        registry.applied(4, 1, &output("b", Ok(grant.clone())));
+        registry.observe(4, &output("b", Ok(grant.clone())));
         assert_eq!(
             first.wait(Duration::from_secs(1)).await,
             Some(Ok(grant.clone()))
@@ -237,7 +239,7 @@ mod tests {
             reason: WaitEndReason::TimedOut,
         });
         // Nobody parked: nothing to answer, nothing kept.
-        registry.applied(3, 2, &output("a", ended));
+        registry.observe(3, &output("a", ended));
         assert_eq!(registry.parked(), 0);
     }
 }

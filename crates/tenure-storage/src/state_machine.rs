@@ -59,8 +59,15 @@ struct MachineState {
 /// on the apply path, so it must return quickly and never block. Entries a snapshot install
 /// skips are never seen (a waiter parked across one is answered by its retry).
 pub trait ApplyObserver: Send + Sync {
-    /// `output` is what applying the entry at log index `index` of `group` produced.
-    fn applied(&self, group: u32, index: u64, output: &tenure_core::ApplyOutput);
+    /// The entry at log index `index` of `group` was applied: with the entry and what applying
+    /// it produced for a command, `None` for a blank or membership entry. Called for every
+    /// applied index in order (a snapshot install skips indexes: the next call's index jumps).
+    fn applied(
+        &self,
+        group: u32,
+        index: u64,
+        applied: Option<(&tenure_core::Entry, &tenure_core::ApplyOutput)>,
+    );
 }
 
 /// The state machine of one group replica. Clones share the state.
@@ -161,6 +168,14 @@ impl GroupStateMachine {
     /// The group.
     pub fn group(&self) -> u32 {
         self.group
+    }
+
+    /// Runs `f` on the lease state with the log index it has applied through (0 before any
+    /// entry): a read that must name the exact index it saw (a watch's starting point).
+    pub fn with_leases_at_index<T>(&self, f: impl FnOnce(&LeaseStateMachine, u64) -> T) -> T {
+        let state = lock(&self.state);
+        let index = state.last_applied.as_ref().map_or(0, |id| id.index());
+        f(&state.leases, index)
     }
 
     /// Runs `f` on the lease state (queries: get, list, stats, next expiry).
@@ -582,8 +597,12 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
                 state.last_applied = Some(log_id);
                 response
             };
-            if let (Some(observer), Some(output)) = (&self.observer, &response) {
-                observer.applied(self.group, index, output);
+            if let Some(observer) = &self.observer {
+                let applied = match (&entry.payload, &response) {
+                    (EntryPayload::Normal(proposal), Some(output)) => Some((proposal, output)),
+                    _ => None,
+                };
+                observer.applied(self.group, index, applied);
             }
             if let Some(responder) = responder {
                 responder.send(response);

@@ -203,6 +203,9 @@ pub struct LeaseStateMachine {
     hash_builder: HashBuilder,
     /// Reusable buffer for hashing request keys; not state.
     scratch: Vec<u8>,
+    /// Leases past their expiry that an acquire in the entry being applied took over (handed
+    /// out in [`ApplyOutput::superseded`]); not state.
+    superseded: Vec<ReclaimedLease>,
     /// The guarantee broken on purpose, if any (test builds only).
     negative_control: NegativeControl,
 }
@@ -231,6 +234,7 @@ impl LeaseStateMachine {
             cluster: ClusterMeta::default(),
             hash_builder,
             scratch: Vec::with_capacity(256),
+            superseded: Vec::new(),
             negative_control: options.negative_control,
         }
     }
@@ -359,6 +363,7 @@ impl LeaseStateMachine {
             log_time_ms: now_ms,
             result,
             reclaimed,
+            superseded: std::mem::take(&mut self.superseded),
             waits_ended: std::mem::take(&mut self.waits.ended),
         }
     }
@@ -628,6 +633,19 @@ impl LeaseStateMachine {
                 return Err(quota_exceeded);
             }
             let old_token = record.fencing_token;
+            if was_active {
+                // The previous lease ended by expiry without being reclaimed: reported as
+                // ended, so that a watcher sees its end before the next grant.
+                let ended = ReclaimedLease {
+                    tenant_id: self.tenants[tenant as usize].name.clone(),
+                    resource_id: record.resource_id.clone(),
+                    lease_id: LeaseRecord::lease_id(record),
+                    fencing_token: old_token,
+                    expires_at_ms: state.expires_at_ms,
+                    session_id: record.session.map(|s| self.session(s).session_id),
+                };
+                self.superseded.push(ended);
+            }
             let token = self.take_sequence_above(old_token);
             if was_active {
                 self.unfile_active(slot);

@@ -10,3 +10,4 @@ mod sessions;
 mod snapshot;
 mod transfer;
 mod waits;
+mod watch;

@@ -18,21 +18,22 @@ use std::path::Path;
 
 use bytes::{Bytes, BytesMut};
 use tenure_core::{
-    AcquireRequest, ClusterChange, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, GroupId,
-    LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply, LeaseStatus, LeaseView, ListPage,
-    ListRequest, NodeAddresses, NodeRecord, NodeState, OverloadReason, QueuedReceipt, QuotaKind,
-    ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState, ReplayStatus, ResourceKey,
-    SessionAcquireRequest, SessionGrant, SessionId, SessionOpenRequest, SessionReceipt,
-    SessionRequest, TransferReceipt, TransferRequest, WaitAcquireRequest, WaitCancelReceipt,
-    WaitCancelRequest, WaitEndReason, WaitLease,
+    AcquireRequest, ClusterChange, ClusterMeta, ClusterOp, ErrorCode, ExpiryReason, FenceVerdict,
+    GroupId, LeaseError, LeaseGrant, LeaseId, LeaseOp, LeaseReply, LeaseStatus, LeaseView,
+    ListPage, ListRequest, NodeAddresses, NodeRecord, NodeState, OverloadReason, QueuedReceipt,
+    QuotaKind, ReleaseReceipt, ReleaseRequest, RenewRequest, ReplayState, ReplayStatus,
+    ResourceKey, SessionAcquireRequest, SessionGrant, SessionId, SessionOpenRequest,
+    SessionReceipt, SessionRequest, TransferReceipt, TransferRequest, WaitAcquireRequest,
+    WaitCancelReceipt, WaitCancelRequest, WaitEndReason, WaitLease, WatchEvent, WatchEventKind,
+    WatchSelector,
 };
 use tenure_golden::Golden;
 use tenure_proto::client::{
     CLIENT_ALPN, CLIENT_PROTOCOL_VERSION, FenceCheckResult, FollowerProgress, GetResult,
     GroupLeader, GroupMembers, GroupStatus, LeaseResult, NodeAddress, NodeStatus, Principal,
     ReplicaChange, Request, RequestBody, RequestFlags, RequestFrame, Response, ResponseBody,
-    ResponseFrame, RoutingTable, WireError, check_client_alpn, decode_request_frame,
-    decode_response_frame, encode_client_frame,
+    ResponseFrame, RoutingTable, WatchPage, WatchPoll, WireError, check_client_alpn,
+    decode_request_frame, decode_response_frame, encode_client_frame,
 };
 use tenure_proto::peer::FRAME_LENGTH_BYTES;
 use tenure_proto::{
@@ -283,6 +284,65 @@ fn session_request() -> SessionRequest {
 }
 
 /// Every request kind (and the shapes of principal and flags).
+/// One event of each kind (and both expiry reasons), as a watch page carries them.
+fn watch_events() -> Vec<WatchEvent> {
+    let event = |index: u64, kind: WatchEventKind| WatchEvent {
+        group_id: 7,
+        index,
+        log_time_ms: 1_700_000_000_000 + index,
+        key: key(),
+        kind,
+    };
+    vec![
+        event(
+            1_235,
+            WatchEventKind::Acquired {
+                holder_id: "worker-1".into(),
+                lease_id: lease_id(),
+                fencing_token: 42,
+                expires_at_ms: 1_700_000_030_000,
+                session_id: Some(session_id()),
+            },
+        ),
+        event(
+            1_236,
+            WatchEventKind::Released {
+                holder_id: "worker-1".into(),
+                lease_id: lease_id(),
+                fencing_token: 42,
+            },
+        ),
+        event(
+            1_236,
+            WatchEventKind::HandedOff {
+                holder_id: "worker-2".into(),
+                lease_id: lease_id(),
+                fencing_token: 43,
+                expires_at_ms: 1_700_000_060_000,
+                previous_fencing_token: Some(42),
+            },
+        ),
+        event(
+            1_238,
+            WatchEventKind::Expired {
+                lease_id: lease_id(),
+                fencing_token: 43,
+                expired_at_ms: 1_700_000_060_000,
+                reason: ExpiryReason::Ttl,
+            },
+        ),
+        event(
+            1_239,
+            WatchEventKind::Expired {
+                lease_id: lease_id(),
+                fencing_token: 44,
+                expired_at_ms: 1_700_000_061_000,
+                reason: ExpiryReason::Session(session_id()),
+            },
+        ),
+    ]
+}
+
 fn requests() -> Vec<(&'static str, Request)> {
     let request = |id: u64, body: RequestBody| Request {
         id,
@@ -411,6 +471,49 @@ fn requests() -> Vec<(&'static str, Request)> {
                     holder_id: "worker-2".into(),
                     request_id: "req-10".into(),
                 })),
+            ),
+        ),
+        // Appended with watches (client protocol 8).
+        (
+            "watch_poll_prefix",
+            request(
+                27,
+                RequestBody::Watch(WatchPoll {
+                    group_id: 7,
+                    selector: WatchSelector::Prefix {
+                        tenant_id: "acme".into(),
+                        prefix: "jobs/".into(),
+                    },
+                    after_index: Some(1_234),
+                    wait_ms: 20_000,
+                    events_max: 256,
+                }),
+            ),
+        ),
+        (
+            "watch_poll_resource_start",
+            request(
+                28,
+                RequestBody::Watch(WatchPoll {
+                    group_id: 7,
+                    selector: WatchSelector::Resource(key()),
+                    after_index: None,
+                    wait_ms: 0,
+                    events_max: 16,
+                }),
+            ),
+        ),
+        (
+            "watch_poll_tenant",
+            request(
+                29,
+                RequestBody::Watch(WatchPoll {
+                    group_id: 3,
+                    selector: WatchSelector::Tenant("acme".into()),
+                    after_index: Some(0),
+                    wait_ms: 30_000,
+                    events_max: 1,
+                }),
             ),
         ),
         (
@@ -768,6 +871,33 @@ fn responses() -> Vec<(&'static str, Response)> {
                     }),
                     false,
                 )),
+            ),
+        ),
+        // Appended with watches (client protocol 8).
+        (
+            "watch_page",
+            ok(
+                27,
+                ResponseBody::Watch(WatchPage {
+                    group_id: 7,
+                    events: watch_events(),
+                    through_index: 1_240,
+                    resync: false,
+                    current: None,
+                }),
+            ),
+        ),
+        (
+            "watch_page_resync",
+            ok(
+                28,
+                ResponseBody::Watch(WatchPage {
+                    group_id: 7,
+                    events: Vec::new(),
+                    through_index: 9_000,
+                    resync: true,
+                    current: Some(view()),
+                }),
             ),
         ),
         (
