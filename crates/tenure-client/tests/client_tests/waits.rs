@@ -196,10 +196,18 @@ fn tenurectl() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_tenurectl"))
 }
 
-/// A `tenurectl lock` whose command appends `start PID TOKEN` to `log` and then sleeps.
-fn spawn_lock(cluster_file: &Path, holder: &str, log: &Path, ttl_ms: u64) -> std::process::Child {
+/// A `tenurectl lock` whose command runs `before` (shell), appends `start PID TOKEN` to `log`
+/// and then sleeps; tenurectl's stdin and stdout are `stdin` and `stdout` (the command's too).
+fn spawn_lock(
+    cluster_file: &Path,
+    holder: &str,
+    log: &Path,
+    ttl_ms: u64,
+    before: &str,
+    (stdin, stdout): (Stdio, Stdio),
+) -> std::process::Child {
     let script = format!(
-        "echo start $$ $TENURE_FENCING_TOKEN >> {}; exec sleep 600",
+        "{before} echo start $$ $TENURE_FENCING_TOKEN >> {}; exec sleep 600",
         log.display()
     );
     Command::new(tenurectl())
@@ -218,7 +226,8 @@ fn spawn_lock(cluster_file: &Path, holder: &str, log: &Path, ttl_ms: u64) -> std
             "-c",
             &script,
         ])
-        .stdout(Stdio::piped())
+        .stdin(stdin)
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
@@ -235,6 +244,15 @@ fn started(log: &Path) -> Vec<(u32, u64)> {
         .collect()
 }
 
+/// The pid of the process the second command left behind (`child PID` in `log`).
+fn left_behind(log: &Path) -> u32 {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("child ")?.trim().parse().ok())
+        .unwrap()
+}
+
 fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -248,14 +266,36 @@ async fn tenurectl_lock_stops_a_paused_holders_command_before_the_next_one_start
     let cluster_file = tenurectl_cluster_file(&cluster);
     let log = cluster.dir_path().join("lock.log");
     let ttl_ms = 4_500;
-    let mut first = spawn_lock(&cluster_file, "first", &log, ttl_ms);
+    let mut first = spawn_lock(
+        &cluster_file,
+        "first",
+        &log,
+        ttl_ms,
+        "",
+        (Stdio::null(), Stdio::piped()),
+    );
     let (first_pid, first_token) =
         wait_for(Duration::from_secs(30), "the first command", || async {
             started(&log).first().copied()
         })
         .await
         .unwrap();
-    let mut second = spawn_lock(&cluster_file, "second", &log, ttl_ms);
+    // The second command reads tenurectl's stdin, prints more than a pipe holds to its stdout,
+    // and leaves a process behind in its group: none of it may reach the watchdog's channel,
+    // and the process left behind must not outlive the lock.
+    let stdin_path = cluster.dir_path().join("second.in");
+    let stdout_path = cluster.dir_path().join("second.out");
+    std::fs::write(&stdin_path, "from-stdin\n").unwrap();
+    let second_stdio = (
+        Stdio::from(std::fs::File::open(&stdin_path).unwrap()),
+        Stdio::from(std::fs::File::create(&stdout_path).unwrap()),
+    );
+    let before = format!(
+        "read line; echo got $line; head -c 100000 /dev/zero | tr '\\0' x; echo; \
+         sleep 600 & echo child $! >> {};",
+        log.display()
+    );
+    let mut second = spawn_lock(&cluster_file, "second", &log, ttl_ms, &before, second_stdio);
     let ids = cluster.ids();
     wait_for(
         Duration::from_secs(20),
@@ -308,10 +348,23 @@ async fn tenurectl_lock_stops_a_paused_holders_command_before_the_next_one_start
         .status()
         .unwrap();
     let status = second.wait().unwrap();
-    let output = std::io::read_to_string(second.stdout.take().unwrap()).unwrap();
-    assert_eq!(status.code(), Some(128 + 15), "{output}");
-    let report: serde_json::Value = serde_json::from_str(output.trim()).unwrap();
+    let output = std::fs::read_to_string(&stdout_path).unwrap();
+    let mut lines = output.lines();
+    assert_eq!(
+        lines.next(),
+        Some("got from-stdin"),
+        "the command reads tenurectl's stdin"
+    );
+    assert_eq!(lines.next().map(str::len), Some(100_000));
+    let report = lines.next().unwrap_or_default();
+    assert_eq!(status.code(), Some(128 + 15), "{report}");
+    let report: serde_json::Value = serde_json::from_str(report).unwrap();
     assert_eq!(report["released"], true, "{report}");
+    let left_behind = left_behind(&log);
+    assert!(
+        !alive(left_behind),
+        "the process the command left behind (pid {left_behind}) outlived the lock"
+    );
     let view = client
         .get(&ResourceKey::new(TENANT, "job-lock"))
         .await

@@ -10,14 +10,22 @@
 //! minus the grace minus a margin, SIGKILL at the deadline minus the margin, whether or not it
 //! hears from `tenurectl` again. A paused `tenurectl` sends no newer deadline (its session's
 //! keep-alives stop too), so the command is stopped by the last one. If `tenurectl` exits or
-//! dies, the watchdog's input closes and the command is stopped at once (SIGTERM, SIGKILL after
-//! the grace or at the deadline's margin, whichever is first).
+//! dies, the watchdog's socket closes and the command is stopped at once (SIGTERM, SIGKILL after
+//! the grace or at the deadline's margin, whichever is first). If the watchdog dies, the kernel
+//! kills the command (its parent-death signal) and `tenurectl` kills the rest of its group.
+//! When the command ends by itself, whatever it left running in its process group is killed
+//! before the lock is released: a lock's work never outlives the lock (a process that left the
+//! group, with `setsid`, is beyond reach).
+//!
+//! `tenurectl` and the watchdog talk over a Unix socket in a fresh directory only this user can
+//! enter, so that the command gets `tenurectl`'s own stdin, stdout and stderr.
 //!
 //! Must not depend on: anything but `tenure-client`'s public API, std and rustix.
 
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -59,7 +67,7 @@ fn signal_group(pid: u32, signal: Signal) {
     let _ = rustix::process::kill_process_group(pid, signal);
 }
 
-/// What the watchdog reports when the command has ended (one line on its stdout).
+/// What the watchdog reports when the command has ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stopped {
     /// The command ended by itself.
@@ -70,24 +78,32 @@ pub(crate) enum Stopped {
     Kill,
 }
 
-/// The watchdog process: `tenurectl __lock-watchdog GRACE_MS -- COMMAND ...`. Reads
-/// `deadline NS` and `stop` lines on stdin; starts the command only after the first deadline;
-/// prints `exited CODE SIGNAL STOPPED` when it has ended. Exits 0, or 1 if the command could not
-/// start.
+/// The watchdog process: `tenurectl __lock-watchdog GRACE_MS SOCKET -- COMMAND ...`. Talks to
+/// `tenurectl` over the Unix socket at SOCKET (in a directory only this user can enter): reads
+/// `deadline NS` and `stop` lines; starts the command only after the first deadline, and only
+/// if the time to stop it has not come yet; reports `started PID`, then `exited CODE SIGNAL
+/// STOPPED` when it has ended (or `failed REASON`). The command gets `tenurectl`'s own stdin,
+/// stdout and stderr (the socket is close-on-exec). Exits 0, or 1 if the command could not start.
 pub(crate) fn watchdog_main(args: &[String]) -> u8 {
-    let (grace, command) = match args {
-        [grace_ms, separator, command @ ..] if separator == "--" && !command.is_empty() => {
+    let (grace, socket, command) = match args {
+        [grace_ms, socket, separator, command @ ..] if separator == "--" && !command.is_empty() => {
             match grace_ms.parse::<u64>() {
-                Ok(ms) => (Duration::from_millis(ms), command),
+                Ok(ms) => (Duration::from_millis(ms), socket, command),
                 Err(_) => return 1,
             }
         }
         _ => return 1,
     };
+    let Ok(stream) = UnixStream::connect(socket) else {
+        return 1;
+    };
+    let Ok(reader) = stream.try_clone() else {
+        return 1;
+    };
+    let mut report = Reporter(stream);
     let (lines_tx, lines) = mpsc::channel::<Option<String>>();
     std::thread::spawn(move || {
-        let stdin = std::io::stdin();
-        for line in stdin.lock().lines() {
+        for line in BufReader::new(reader).lines() {
             match line {
                 Ok(line) => {
                     if lines_tx.send(Some(line)).is_err() {
@@ -107,26 +123,32 @@ pub(crate) fn watchdog_main(args: &[String]) -> u8 {
         },
         _ => return 1,
     };
-    let mut child = match Command::new(&command[0])
-        .args(&command[1..])
-        .process_group(0)
-        .spawn()
-    {
+    let grace_ns = u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX);
+    let margin_ns = u64::try_from(KILL_MARGIN.as_nanos()).unwrap_or(u64::MAX);
+    if monotonic_ns() >= deadline_ns.saturating_sub(margin_ns.saturating_add(grace_ns)) {
+        report.line("failed the lock's safe deadline came before the command could start");
+        return 1;
+    }
+    // Descendants the command leaves behind become this process's children, so that they are
+    // reaped (and counted) once the command's group is killed. Best effort: without it, init
+    // reaps them.
+    let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
+    let mut child = match spawn_command(command) {
         Ok(child) => child,
         Err(error) => {
-            println!("failed {error}");
+            report.line(&format!("failed {error}"));
             return 1;
         }
     };
-    let grace_ns = u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX);
-    let margin_ns = u64::try_from(KILL_MARGIN.as_nanos()).unwrap_or(u64::MAX);
+    report.line(&format!("started {}", child.id()));
     let mut stopped = Stopped::No;
     // When SIGKILL goes out whatever happens (the deadline's margin, or the grace after an
     // early SIGTERM).
     let mut kill_at_ns = deadline_ns.saturating_sub(margin_ns);
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            report_exit(status, stopped);
+            end_group(child.id(), kill_at_ns);
+            report.exit(status, stopped);
             return 0;
         }
         let now_ns = monotonic_ns();
@@ -164,11 +186,63 @@ pub(crate) fn watchdog_main(args: &[String]) -> u8 {
             // tenurectl is gone: nobody holds the lock any more.
             Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                 stop_now(&mut child, &mut stopped, &mut kill_at_ns, grace_ns);
-                wait_until_gone(&mut child, stopped, kill_at_ns);
+                wait_until_gone(&mut child, stopped, kill_at_ns, &mut report);
                 return 0;
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
+    }
+}
+
+/// Starts the command in a process group of its own, with the watchdog's stdio. It is killed
+/// if the watchdog dies (the parent-death signal), so that it never runs unwatched.
+fn spawn_command(command: &[String]) -> std::io::Result<Child> {
+    let watchdog = rustix::process::getpid();
+    let mut builder = Command::new(&command[0]);
+    builder.args(&command[1..]).process_group(0);
+    set_parent_death_kill(&mut builder, watchdog);
+    builder.spawn()
+}
+
+/// Asks the kernel to SIGKILL the command when the watchdog dies, and refuses to start it if
+/// the watchdog is already gone.
+// The one unsafe block of the crate: `pre_exec` runs between fork and exec, where only
+// async-signal-safe calls are allowed. `prctl(PR_SET_PDEATHSIG)` and `getppid` are plain system
+// calls (rustix makes them directly, no allocation, no locks).
+#[allow(unsafe_code)]
+fn set_parent_death_kill(builder: &mut Command, watchdog: Pid) {
+    // SAFETY: the closure only makes two system calls; it allocates nothing and takes no lock.
+    unsafe {
+        builder.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+            if rustix::process::getppid() != Some(watchdog) {
+                return Err(std::io::Error::other("the lock's watchdog is gone"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// After the command (its group's leader) has ended: kills whatever it left behind in its
+/// group (a lock's work must not outlive the lock), and waits for the group to be empty,
+/// reaping what became this process's children, until the kill time at the latest (and at
+/// least 1 s).
+fn end_group(pid: u32, kill_at_ns: u64) {
+    let Some(group) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return;
+    };
+    if rustix::process::test_kill_process_group(group).is_err() {
+        return;
+    }
+    signal_group(pid, Signal::KILL);
+    let give_up_ns = kill_at_ns.max(monotonic_ns().saturating_add(1_000_000_000));
+    while monotonic_ns() < give_up_ns {
+        // Reap every child that has ended (left-behind processes, as the subreaper).
+        while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
+        if rustix::process::test_kill_process_group(group).is_err() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -186,10 +260,16 @@ fn stop_now(child: &mut Child, stopped: &mut Stopped, kill_at_ns: &mut u64, grac
 }
 
 /// After tenurectl went away: enforce the kill time, then report.
-fn wait_until_gone(child: &mut Child, mut stopped: Stopped, kill_at_ns: u64) {
+fn wait_until_gone(
+    child: &mut Child,
+    mut stopped: Stopped,
+    kill_at_ns: u64,
+    report: &mut Reporter,
+) {
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            report_exit(status, stopped);
+            end_group(child.id(), kill_at_ns);
+            report.exit(status, stopped);
             return;
         }
         if stopped != Stopped::Kill && monotonic_ns() >= kill_at_ns {
@@ -200,16 +280,26 @@ fn wait_until_gone(child: &mut Child, mut stopped: Stopped, kill_at_ns: u64) {
     }
 }
 
-fn report_exit(status: ExitStatus, stopped: Stopped) {
-    let code = status.code().map_or(-1, i64::from);
-    let signal = status.signal().map_or(0, i64::from);
-    let stopped = match stopped {
-        Stopped::No => "none",
-        Stopped::Term => "term",
-        Stopped::Kill => "kill",
-    };
-    println!("exited {code} {signal} {stopped}");
-    let _ = std::io::stdout().flush();
+/// The watchdog's reports to `tenurectl`, one line each on the socket.
+struct Reporter(UnixStream);
+
+impl Reporter {
+    fn line(&mut self, line: &str) {
+        // tenurectl may be gone; the watchdog goes on stopping the command regardless.
+        let _ = writeln!(self.0, "{line}");
+        let _ = self.0.flush();
+    }
+
+    fn exit(&mut self, status: ExitStatus, stopped: Stopped) {
+        let code = status.code().map_or(-1, i64::from);
+        let signal = status.signal().map_or(0, i64::from);
+        let stopped = match stopped {
+            Stopped::No => "none",
+            Stopped::Term => "term",
+            Stopped::Kill => "kill",
+        };
+        self.line(&format!("exited {code} {signal} {stopped}"));
+    }
 }
 
 /// How a `tenurectl lock` run ended.
@@ -301,9 +391,11 @@ pub(crate) async fn run_lock(client: &Client, run: LockRun) -> Result<LockOutcom
     );
     let exe = std::env::current_exe()
         .map_err(|error| ClientError::Config(format!("finding tenurectl's own path: {error}")))?;
+    let channel = WatchdogSocket::bind()?;
     let mut watchdog = Command::new(exe)
         .arg(WATCHDOG_ARG)
         .arg(run.grace.as_millis().to_string())
+        .arg(&channel.path)
         .arg("--")
         .args(&run.command)
         .env("TENURE_LOCK_NAME", &run.name)
@@ -313,20 +405,35 @@ pub(crate) async fn run_lock(client: &Client, run: LockRun) -> Result<LockOutcom
         .env("TENURE_FENCING_TOKEN", lease.fencing_token.to_string())
         // A process group of its own: a Ctrl-C in the terminal reaches tenurectl, which stops
         // the command through the watchdog; the watchdog must outlive it until the command is
-        // gone.
+        // gone. Its stdio (and so the command's) is tenurectl's own.
         .process_group(0)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
         .spawn()
         .map_err(|error| ClientError::Config(format!("starting the lock's watchdog: {error}")))?;
+    let stream = match channel.accept(&mut watchdog).await {
+        Ok(stream) => stream,
+        Err(error) => {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+            let _ = session.close().await;
+            return Err(error);
+        }
+    };
     let started = Instant::now();
-    let (Some(mut feed), Some(report)) = (watchdog.stdin.take(), watchdog.stdout.take()) else {
-        let _ = watchdog.kill();
-        return Err(ClientError::Config("the watchdog has no pipes".into()));
+    let (mut feed, report) = match stream.try_clone() {
+        Ok(report) => (stream, report),
+        Err(error) => {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+            let _ = session.close().await;
+            return Err(ClientError::Config(format!(
+                "the watchdog's socket: {error}"
+            )));
+        }
     };
     let (report_tx, mut report_rx) = tokio::sync::mpsc::channel::<String>(4);
     std::thread::spawn(move || {
-        for line in BufReader::new(report).lines() {
+        // Bounded: the watchdog sends two lines; a longer one is not ours.
+        for line in BufReader::new(report.take(REPORT_BYTES_MAX)).lines() {
             let Ok(line) = line else { break };
             if report_tx.blocking_send(line).is_err() {
                 break;
@@ -336,10 +443,16 @@ pub(crate) async fn run_lock(client: &Client, run: LockRun) -> Result<LockOutcom
     let mut sent_ns = deadline_ns(first_deadline);
     send_line(&mut feed, &format!("deadline {sent_ns}"));
     let mut lost: Option<String> = None;
+    let mut command_pid: Option<u32> = None;
     let mut ticker = tokio::time::interval(FEED_INTERVAL);
     let exited = loop {
         tokio::select! {
-            line = report_rx.recv() => break line,
+            line = report_rx.recv() => match line {
+                Some(line) if line.starts_with("started ") => {
+                    command_pid = line["started ".len()..].trim().parse().ok();
+                }
+                other => break other,
+            },
             loss = session.lost(), if lost.is_none() => {
                 if loss.group_id == group {
                     eprintln!("tenurectl: lock {} lost in group {group}: {}; stopping the command", run.name, loss.reason);
@@ -348,6 +461,15 @@ pub(crate) async fn run_lock(client: &Client, run: LockRun) -> Result<LockOutcom
                 }
             }
             _ = ticker.tick() => {
+                // A watchdog that died (killed from outside) stops nothing: its command got the
+                // parent-death SIGKILL; its group's other processes get it from here.
+                if let Ok(Some(status)) = watchdog.try_wait() {
+                    if let Some(pid) = command_pid {
+                        signal_group(pid, Signal::KILL);
+                    }
+                    lost.get_or_insert_with(|| format!("the lock's watchdog ended ({status}); the command was killed"));
+                    break Some(format!("exited -1 {} kill", Signal::KILL.as_raw()));
+                }
                 if lost.is_none() {
                     match session.safe_deadline(group) {
                         Some(deadline) => {
@@ -380,11 +502,11 @@ pub(crate) async fn run_lock(client: &Client, run: LockRun) -> Result<LockOutcom
         .and_then(|s| s.parse::<i64>().ok())
         .filter(|s| *s > 0);
     let stopped = fields.next().unwrap_or("none").to_owned();
-    if exited.is_none() || exited.as_deref().is_some_and(|l| l.starts_with("failed")) {
+    if command_pid.is_none() || !exited.as_deref().is_some_and(|l| l.starts_with("exited ")) {
         let _ = session.close().await;
         return Err(ClientError::Config(format!(
             "the command could not be started: {}",
-            exited.unwrap_or_default()
+            exited.unwrap_or_else(|| "the watchdog ended without a report".into())
         )));
     }
     // The command has ended; the lock goes back (or to the next waiter) at once.
@@ -401,7 +523,86 @@ pub(crate) async fn run_lock(client: &Client, run: LockRun) -> Result<LockOutcom
     })
 }
 
-fn send_line(feed: &mut ChildStdin, line: &str) {
+/// Longest report the watchdog sends, in bytes (two short lines).
+const REPORT_BYTES_MAX: u64 = 4_096;
+
+/// How long the watchdog has to connect to `tenurectl`.
+const WATCHDOG_CONNECT_MAX: Duration = Duration::from_secs(10);
+
+/// The Unix socket `tenurectl` and its watchdog talk over, in a fresh directory only this user
+/// can enter; both are removed once the watchdog has connected (or on failure).
+struct WatchdogSocket {
+    dir: std::path::PathBuf,
+    path: std::path::PathBuf,
+    listener: UnixListener,
+}
+
+impl WatchdogSocket {
+    fn bind() -> Result<Self, ClientError> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let dir = std::env::temp_dir().join(format!(
+            "tenurectl-lock-{}-{}",
+            std::process::id(),
+            monotonic_ns()
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|error| ClientError::Config(format!("creating {}: {error}", dir.display())))?;
+        let path = dir.join("watchdog.sock");
+        let listener = UnixListener::bind(&path).and_then(|listener| {
+            listener.set_nonblocking(true)?;
+            Ok(listener)
+        });
+        match listener {
+            Ok(listener) => Ok(WatchdogSocket {
+                dir,
+                path,
+                listener,
+            }),
+            Err(error) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(ClientError::Config(format!(
+                    "listening on {}: {error}",
+                    path.display()
+                )))
+            }
+        }
+    }
+
+    /// The watchdog's connection (blocking from here on), within [`WATCHDOG_CONNECT_MAX`].
+    async fn accept(self, watchdog: &mut Child) -> Result<UnixStream, ClientError> {
+        let give_up = Instant::now() + WATCHDOG_CONNECT_MAX;
+        let accepted = loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => break stream.set_nonblocking(false).map(|()| stream),
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(error) => break Err(error),
+            }
+            if let Ok(Some(status)) = watchdog.try_wait() {
+                break Err(std::io::Error::other(format!(
+                    "the watchdog ended before connecting ({status})"
+                )));
+            }
+            if Instant::now() >= give_up {
+                break Err(std::io::Error::other(
+                    "the watchdog did not connect in time",
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let _ = std::fs::remove_dir_all(&self.dir);
+        accepted.map_err(|error| ClientError::Config(format!("the lock's watchdog: {error}")))
+    }
+}
+
+impl Drop for WatchdogSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn send_line(feed: &mut UnixStream, line: &str) {
     let _ = writeln!(feed, "{line}");
     let _ = feed.flush();
 }
