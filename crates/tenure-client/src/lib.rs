@@ -16,6 +16,9 @@
 //! keep-alive per group extends, however many leases the session holds there
 //! ([`Session::lost`] names a lost group and exactly its leases).
 //!
+//! [`Client::watch`] streams the ACQUIRED, RELEASED, EXPIRED and HANDED_OFF events of a
+//! resource, a tenant or a prefix (see [`Watch`]), resumable from a cursor.
+//!
 //! [`Client::acquire`] returns a [`Lease`]: fencing token, ttl, and the **safe deadline** of the
 //! contract (section 5), computed from the local monotonic time the request was sent. The client
 //! renews every lease by itself, coalescing renewals that fall due together into one Batch
@@ -58,6 +61,7 @@ mod routing;
 mod session;
 mod time;
 mod wait;
+mod watch;
 
 pub use client::{AcquireOptions, Client, ClientStats, Grant, RoutingSnapshot, Transferred};
 pub use config::{
@@ -70,13 +74,14 @@ pub use link::FaultInjector;
 pub use routing::{LeaderEntry, NodeInfo, RoutingState};
 pub use session::{KeepAliveConfirmed, Session, SessionLease, SessionLoss};
 pub use tenure_core::{
-    ClusterChange, ClusterMeta, ClusterOp, ErrorCode, FenceVerdict, LeaseGrant, LeaseId,
-    LeaseStatus, LeaseView, NodeAddresses, NodeRecord, NodeState, ReplayState, ReplayStatus,
-    ResourceKey, SessionGrant, SessionId, SessionIdParseError, SessionReceipt, WaitCancelReceipt,
-    WaitEndReason, WaitLease,
+    ClusterChange, ClusterMeta, ClusterOp, ErrorCode, ExpiryReason, FenceVerdict, LeaseGrant,
+    LeaseId, LeaseStatus, LeaseView, NodeAddresses, NodeRecord, NodeState, ReplayState,
+    ReplayStatus, ResourceKey, SessionGrant, SessionId, SessionIdParseError, SessionReceipt,
+    WaitCancelReceipt, WaitEndReason, WaitLease, WatchEvent, WatchEventKind, WatchSelector,
 };
 pub use tenure_proto::client::{
     FenceCheckResult, FollowerProgress, GetResult, GroupMembers, GroupStatus, LeaseResult,
-    NodeStatus,
+    NodeStatus, WatchPage, WatchPoll,
 };
 pub use wait::{WaitOptions, is_wait_ended};
+pub use watch::{Watch, WatchFrom, WatchItem, WatchOptions};

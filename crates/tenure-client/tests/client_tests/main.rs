@@ -7,3 +7,4 @@ mod fence_check;
 mod sessions;
 mod transfer;
 mod waits;
+mod watch;
