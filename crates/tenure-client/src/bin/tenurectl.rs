@@ -1,11 +1,12 @@
 //! `tenurectl`: the command-line tool of tenure, for people and scripts. It acquires, renews,
 //! releases, transfers, reads and lists leases, checks fencing tokens, runs a command under a
-//! lock (`lock`, see its module), and reports the cluster's status (nodes, leaders, lag), all
+//! lock (`lock`, see its module), watches lease events (`watch`), and reports the cluster's status (nodes, leaders, lag), all
 //! through the `tenure-client` library over the native QUIC protocol.
 //!
 //! Output is aligned text (`-o table`, the default) or exactly one JSON object on stdout
 //! (`-o json`), also for errors (`{"error": {"code", "message", "retryable", ...}}`, with a
-//! one-line message on stderr as well).
+//! one-line message on stderr as well). `watch` first prints one JSON line per event as it
+//! happens (in either mode), then its summary.
 //!
 //! Exit codes (scripts rely on them):
 //!
@@ -44,7 +45,8 @@ use serde_json::{Value, json};
 use tenure_client::{
     AcquireOptions, Client, ClientConfig, ClientError, ClusterChange, ClusterOp, Credentials,
     Endpoint, ErrorCode, Grant, GroupMembers, GroupStatus, LeaseId, LeaseStatus, LeaseView,
-    NodeAddresses, NodeState, NodeStatus, ResourceKey, SessionId,
+    NodeAddresses, NodeState, NodeStatus, ResourceKey, SessionId, WatchFrom, WatchItem,
+    WatchOptions, WatchSelector,
 };
 
 /// Help heading of the options every subcommand accepts.
@@ -212,6 +214,32 @@ enum Command {
         /// The token to check.
         #[arg(long, value_name = "TOKEN")]
         fencing_token: u64,
+    },
+    /// Watch a resource's, a tenant's or a prefix's lease events (ACQUIRED, RELEASED, EXPIRED,
+    /// HANDED_OFF), one JSON line each on stdout as they happen, in each group's log order;
+    /// then a summary with the cursor to resume from (--after).
+    Watch {
+        /// The tenant.
+        #[arg(long, value_name = "TENANT")]
+        tenant: String,
+        /// Only this resource.
+        #[arg(long, value_name = "RESOURCE", conflicts_with = "prefix")]
+        resource: Option<String>,
+        /// Only resources whose id starts with this.
+        #[arg(long, value_name = "PREFIX")]
+        prefix: Option<String>,
+        /// Resume after these log indexes: GROUP:INDEX,... (a summary's cursor).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+        /// Stop after this many events.
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+        /// Stop after this long, in milliseconds (default: 60,000).
+        #[arg(long, value_name = "MS", default_value_t = 60_000)]
+        duration_ms: u64,
+        /// Let any replica answer from its applied state.
+        #[arg(long)]
+        stale: bool,
     },
     /// Read a resource's lease (ACTIVE, EXPIRED, RELEASED or ABSENT).
     Get {
@@ -439,6 +467,22 @@ enum GroupCommand {
         #[arg(long, value_name = "MS", default_value_t = 120_000)]
         wait_ms: u64,
     },
+}
+
+/// A watch cursor: `GROUP:INDEX,...`.
+fn parse_cursor(text: &str) -> Result<BTreeMap<u32, u64>, ClientError> {
+    text.split(',')
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            let (group, index) = part.split_once(':').unwrap_or((part, ""));
+            match (group.trim().parse(), index.trim().parse()) {
+                (Ok(group), Ok(index)) => Ok((group, index)),
+                _ => Err(ClientError::InvalidRequest(format!(
+                    "--after: {part:?} is not GROUP:INDEX"
+                ))),
+            }
+        })
+        .collect()
 }
 
 #[derive(Debug, clap::Args)]
@@ -739,6 +783,71 @@ async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
                 exit_code: if verdict.current { 0 } else { 4 },
                 ..report
             })
+        }
+        Command::Watch {
+            tenant,
+            resource,
+            prefix,
+            after,
+            count,
+            duration_ms,
+            stale,
+        } => {
+            let selector = match (resource, prefix) {
+                (Some(resource), _) => WatchSelector::Resource(ResourceKey::new(tenant, resource)),
+                (None, Some(prefix)) => WatchSelector::Prefix {
+                    tenant_id: tenant,
+                    prefix,
+                },
+                (None, None) => WatchSelector::Tenant(tenant),
+            };
+            let from = match after {
+                Some(cursor) => WatchFrom::Cursor(parse_cursor(&cursor)?),
+                None => WatchFrom::Now,
+            };
+            let options = WatchOptions {
+                stale_read: stale,
+                ..WatchOptions::default()
+            };
+            let mut watch = client.watch(selector, from, options).await?;
+            let stop_at = tokio::time::Instant::now() + Duration::from_millis(duration_ms);
+            let (mut events, mut resyncs) = (0u64, 0u64);
+            while count.is_none_or(|count| events < count) {
+                let item = match tokio::time::timeout_at(stop_at, watch.next_item()).await {
+                    Ok(Some(item)) => item?,
+                    Ok(None) | Err(_) => break,
+                };
+                let line = match item {
+                    WatchItem::Event(event) => {
+                        events += 1;
+                        json!({ "event": event.kind.as_str(), "group_id": event.group_id,
+                            "index": event.index, "log_time_ms": event.log_time_ms,
+                            "tenant_id": event.key.tenant_id, "resource_id": event.key.resource_id,
+                            "fencing_token": event.kind.fencing_token(), "detail": event.kind })
+                    }
+                    WatchItem::Resync {
+                        group_id,
+                        through_index,
+                        current,
+                    } => {
+                        resyncs += 1;
+                        json!({ "resync": group_id, "through_index": through_index, "current": current })
+                    }
+                    WatchItem::Started { .. } | WatchItem::Through { .. } => continue,
+                };
+                println!("{line}");
+            }
+            let cursor = watch
+                .cursor()
+                .iter()
+                .map(|(group, index)| format!("{group}:{index}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            Ok(fields_report(vec![
+                ("events", json!(events)),
+                ("resyncs", json!(resyncs)),
+                ("cursor", json!(cursor)),
+            ]))
         }
         Command::Get { resource, stale } => {
             let key = resource.key();
@@ -1630,6 +1739,17 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn watch_cursors_parse() {
+        assert_eq!(
+            parse_cursor("0:12,3:7").unwrap(),
+            BTreeMap::from([(0, 12), (3, 7)])
+        );
+        assert!(parse_cursor("").unwrap().is_empty());
+        assert!(parse_cursor("0:x").is_err());
+        assert!(parse_cursor("5").is_err());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Watches end to end against real `tenure` processes: a resource's watch sees ACQUIRED,
 //! RELEASED, HANDED_OFF and EXPIRED in log order (a lease's end before the next grant), a
 //! tenant's watch sees them too (from any replica), a watch resumed from an index yields exactly
-//! the events after it, and a watcher whose index fell out of the retained window is told to
+//! the events after it (through the library and `tenurectl watch`), and a watcher whose index fell out of the retained window is told to
 //! resync (with the resource's lease then) rather than skipped silently.
 #![allow(
     clippy::unwrap_used,
@@ -20,7 +20,9 @@ use tenure_client::{
 use tenure_core::{AcquireRequest, LeaseOp, LeaseReply, ReleaseRequest};
 use tenure_testkit::{TENANT, wait_for};
 
-use crate::client_library::{cluster_with_a_follower_of_group_0, connect, metric_sum};
+use crate::client_library::{
+    cluster_with_a_follower_of_group_0, connect, metric_sum, tenurectl_cluster_file,
+};
 
 const TTL: Duration = Duration::from_millis(4_500);
 
@@ -198,6 +200,50 @@ async fn watches_follow_a_resource_through_grants_hand_offs_and_expiry_and_resum
     assert_eq!(cursor, index);
     assert!(cursor >= events[3].index);
     drop(resumed);
+
+    // tenurectl watch, resumed from the same index: the same three events, one JSON line each,
+    // then the summary with the cursor.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tenurectl"))
+        .arg("--cluster")
+        .arg(tenurectl_cluster_file(&cluster))
+        .args([
+            "-o",
+            "json",
+            "watch",
+            "--tenant",
+            TENANT,
+            "--resource",
+            &resource,
+        ])
+        .args(["--after", &format!("0:{resumed_from}"), "--count", "3"])
+        .args(["--duration-ms", "20000"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let seen: Vec<(String, u64)> = lines[..3]
+        .iter()
+        .map(|l| {
+            (
+                l["event"].as_str().unwrap().to_owned(),
+                l["fencing_token"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, u64)> = names(&events[1..])
+        .into_iter()
+        .map(|(name, token)| (name.to_owned(), token))
+        .collect();
+    assert_eq!(seen, expected, "{stdout}");
+    assert_eq!(lines[3]["events"], 3, "{stdout}");
 
     // More than the retained window (4,096 events per group) of other resources' events in the
     // group: a watch resumed from before them is told to resync, with the lease then.
