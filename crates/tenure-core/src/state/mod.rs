@@ -418,11 +418,9 @@ impl LeaseStateMachine {
             Lookup::Conflict => return fresh(Err(dedup::conflict_error())),
             Lookup::Miss => {}
         }
-        if let LeaseOp::AcquireWait(request) = op
-            && let Some(result) = self.queued_retry(request, fingerprint, now_ms)
-        {
+        if let Some(result) = self.queued_retry(op, fingerprint, now_ms) {
             // Still waiting: the waiter is the request's record; its position, never a
-            // second place.
+            // second place (another operation with its request id: a conflict).
             return fresh(result);
         }
         if let Err(err) = self.dedup.reserve_one(&self.scratch, now_ms, &self.limits) {

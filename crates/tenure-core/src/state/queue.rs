@@ -140,18 +140,23 @@ impl WaitQueues {
 }
 
 impl LeaseStateMachine {
-    /// A retried AcquireWait whose request id is still waiting: its current position, or the
-    /// request-id conflict when the retry is another request. `None` when it is not queued.
+    /// An operation whose request id is a queued wait's: a retried AcquireWait gets its current
+    /// position; anything else (another request) the request-id conflict. `None` when no wait
+    /// with that request id is queued on the resource.
     pub(crate) fn queued_retry(
         &self,
-        request: &WaitAcquireRequest,
+        op: &LeaseOp,
         fingerprint: u64,
         now_ms: u64,
     ) -> Option<Result<LeaseReply, LeaseError>> {
-        let tenant = *self.tenant_index.get(request.key.tenant_id.as_str())?;
-        let sequence = self.find_waiter(tenant, &request.key.resource_id, &request.request_id)?;
+        let key = op.key()?;
+        let tenant = *self.tenant_index.get(key.tenant_id.as_str())?;
+        let sequence = self.find_waiter(tenant, &key.resource_id, op.request_id())?;
         let waiter = self.waits.waiters.get(&sequence)?;
-        if waiter.fingerprint != fingerprint {
+        // Another operation reusing a queued wait's request id is a conflict, as it would be
+        // with the wait's own record: it must not be recorded beside the waiter (whose outcome
+        // is recorded under that id when the wait ends).
+        if !matches!(op, LeaseOp::AcquireWait(_)) || waiter.fingerprint != fingerprint {
             return Some(Err(dedup::conflict_error()));
         }
         Some(Ok(self.queued_receipt(sequence, now_ms)))

@@ -344,6 +344,13 @@ fn retries_never_take_a_second_place_and_reuse_is_refused() {
     // The same request id for another holder or ttl is a conflict, never a second waiter.
     let (reuse, _) = lease_op(&mut h, wait_op("job", "b", ttl(2_000), 9_000, "b-1"));
     assert_eq!(reuse.result.unwrap_err().code(), ErrorCode::InvalidArgument);
+    // So is another operation with a queued wait's request id (it would be recorded beside the
+    // waiter, whose outcome is recorded under that id when the wait ends).
+    let acquire = common::acquire_op("job", "b", 1_000, "b-1");
+    let (reuse, _) = lease_op(&mut h, acquire);
+    assert_eq!(reuse.result.unwrap_err().code(), ErrorCode::InvalidArgument);
+    let (still, _) = lease_op(&mut h, wait_op("job", "b", ttl(1_000), 8_000, "b-1"));
+    assert_eq!(queued(&still).position, 0);
     // Not re-entrant: the holder cannot wait for its own resource.
     let (own, _) = lease_op(&mut h, wait_op("job", "a", ttl(1_000), 9_000, "a-2"));
     assert_eq!(own.result.unwrap_err().code(), ErrorCode::AlreadyHeld);
