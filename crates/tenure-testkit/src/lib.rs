@@ -1309,6 +1309,77 @@ pub async fn http_request(
         .map_err(|_| format!("{method} {url}: no answer within 15 s"))?
 }
 
+/// One server-sent event: `(event, id, data)` (absent fields empty).
+pub type SseEvent = (String, String, String);
+
+/// Reads a server-sent-event stream (`GET url`) until `until` accepts the events read so far, or
+/// `wait` passes (an error), then drops the connection.
+pub async fn sse_read(
+    url: &str,
+    headers: &[(&str, &str)],
+    wait: Duration,
+    until: impl Fn(&[SseEvent]) -> bool,
+) -> Result<Vec<SseEvent>, String> {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let mut builder = hyper::Request::builder().method("GET").uri(url);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let request = builder
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| format!("building the request: {e}"))?;
+    let read = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        let status = response.status().as_u16();
+        let mut body = response.into_body();
+        if status != 200 {
+            let bytes = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+            return Err(format!(
+                "GET {url}: {status} {}",
+                String::from_utf8_lossy(&bytes)
+            ));
+        }
+        let (mut text, mut events) = (String::new(), Vec::new());
+        loop {
+            let frame = body
+                .frame()
+                .await
+                .ok_or_else(|| format!("GET {url}: the stream ended"))?
+                .map_err(|e| format!("GET {url}: {e}"))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            text.push_str(&String::from_utf8_lossy(&data));
+            while let Some(end) = text.find("\n\n") {
+                let block: String = text.drain(..end + 2).collect();
+                let mut event: SseEvent = Default::default();
+                for line in block.lines() {
+                    if let Some(value) = line.strip_prefix("event:") {
+                        event.0 = value.trim().to_owned();
+                    } else if let Some(value) = line.strip_prefix("id:") {
+                        event.1 = value.trim().to_owned();
+                    } else if let Some(value) = line.strip_prefix("data:") {
+                        event.2.push_str(value.trim());
+                    }
+                }
+                if !event.0.is_empty() || !event.2.is_empty() {
+                    events.push(event);
+                }
+            }
+            if until(&events) {
+                return Ok::<_, String>(events);
+            }
+        }
+    };
+    tokio::time::timeout(wait, read)
+        .await
+        .map_err(|_| format!("GET {url}: the awaited events did not come within {wait:?}"))?
+}
+
 /// One HTTP request with a JSON answer: `(status, json)`. A body that is not JSON is a panic
 /// naming the route (every answer of the gateway's API routes is JSON).
 pub async fn http_json(

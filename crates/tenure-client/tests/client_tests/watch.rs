@@ -1,7 +1,8 @@
 //! Watches end to end against real `tenure` processes: a resource's watch sees ACQUIRED,
 //! RELEASED, HANDED_OFF and EXPIRED in log order (a lease's end before the next grant), a
 //! tenant's watch sees them too (from any replica), a watch resumed from an index yields exactly
-//! the events after it (through the library and `tenurectl watch`), and a watcher whose index fell out of the retained window is told to
+//! the events after it (through the library, `tenurectl watch` and HTTP server-sent events
+//! resumed with `Last-Event-ID`), and a watcher whose index fell out of the retained window is told to
 //! resync (with the resource's lease then) rather than skipped silently.
 #![allow(
     clippy::unwrap_used,
@@ -18,7 +19,7 @@ use tenure_client::{
     WatchEventKind, WatchFrom, WatchItem, WatchOptions, WatchSelector,
 };
 use tenure_core::{AcquireRequest, LeaseOp, LeaseReply, ReleaseRequest};
-use tenure_testkit::{TENANT, wait_for};
+use tenure_testkit::{TENANT, sse_read, wait_for};
 
 use crate::client_library::{
     cluster_with_a_follower_of_group_0, connect, metric_sum, tenurectl_cluster_file,
@@ -244,6 +245,35 @@ async fn watches_follow_a_resource_through_grants_hand_offs_and_expiry_and_resum
         .collect();
     assert_eq!(seen, expected, "{stdout}");
     assert_eq!(lines[3]["events"], 3, "{stdout}");
+
+    // The same events over HTTP as server-sent events, resumed with Last-Event-ID: each event
+    // named by its kind, then a `through` event whose id is the cursor.
+    let url = format!(
+        "{}/v1/tenants/{TENANT}/watch?resource={resource}",
+        cluster.http_url(ids[0])
+    );
+    let last_event_id = format!("0:{resumed_from}");
+    let sse = sse_read(
+        &url,
+        &[
+            ("X-Tenure-Principal-Tenant", TENANT),
+            ("X-Tenure-Principal-Id", "watch-tests"),
+            ("Last-Event-ID", &last_event_id),
+        ],
+        Duration::from_secs(30),
+        |events| events.iter().any(|e| e.0 == "EXPIRED"),
+    )
+    .await
+    .unwrap();
+    let kinds: Vec<(&str, u64)> = sse
+        .iter()
+        .filter(|e| e.0 != "through")
+        .map(|e| {
+            let data: serde_json::Value = serde_json::from_str(&e.2).unwrap();
+            (e.0.as_str(), data["fencing_token"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(kinds, names(&events[1..]), "{sse:?}");
 
     // More than the retained window (4,096 events per group) of other resources' events in the
     // group: a watch resumed from before them is told to resync, with the lease then.

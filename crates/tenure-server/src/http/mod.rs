@@ -116,6 +116,7 @@ mod ops_handlers;
 mod server;
 mod session_handlers;
 mod ttl;
+mod watch_handlers;
 
 use errors::*;
 use extract::*;
@@ -124,6 +125,7 @@ use lease_handlers::*;
 use ops_handlers::*;
 use session_handlers::*;
 use ttl::*;
+use watch_handlers::watch_events;
 
 pub use server::{ServerLimits, StallIo, serve_router};
 
@@ -158,6 +160,9 @@ pub const READYZ_PATH: &str = "/readyz";
 pub const METRICS_PATH: &str = "/metrics";
 /// `GET`: the OpenAPI document.
 pub const OPENAPI_PATH: &str = "/openapi.json";
+/// `GET`: a tenant's (or, with `?resource=` or `?prefix=`, fewer) lease events as server-sent
+/// events, resumable with `Last-Event-ID` or `?after=GROUP:INDEX,...`.
+pub const WATCH_PATH: &str = "/v1/tenants/{tenant_id}/watch";
 /// `GET`/`POST`: the fault knobs of a node started with `[testing] fault_control` (tests only,
 /// not part of the API: every other node answers 404). `POST` takes a
 /// [`crate::fault_control::FaultSettings`]; both answer the
@@ -165,7 +170,7 @@ pub const OPENAPI_PATH: &str = "/openapi.json";
 pub const TESTING_FAULTS_PATH: &str = "/testing/faults";
 
 /// Every route of [`router`] as `(method, path)`, paths in axum/OpenAPI template syntax.
-pub const ROUTES: [(&str, &str); 15] = [
+pub const ROUTES: [(&str, &str); 16] = [
     ("post", ACQUIRE_PATH),
     ("post", RENEW_PATH),
     ("post", RELEASE_PATH),
@@ -177,6 +182,7 @@ pub const ROUTES: [(&str, &str); 15] = [
     ("post", SESSION_ACQUIRE_PATH),
     ("get", GET_LEASE_PATH),
     ("get", LIST_LEASES_PATH),
+    ("get", WATCH_PATH),
     ("get", HEALTHZ_PATH),
     ("get", READYZ_PATH),
     ("get", METRICS_PATH),
@@ -390,6 +396,7 @@ fn router_with(backend: Arc<dyn Backend>) -> Router {
         .route(SESSION_ACQUIRE_PATH, post(session_acquire))
         .route(GET_LEASE_PATH, get(get_lease))
         .route(LIST_LEASES_PATH, get(list_leases))
+        .route(WATCH_PATH, get(watch_events))
         .route(HEALTHZ_PATH, get(healthz))
         .route(READYZ_PATH, get(readyz))
         .route(METRICS_PATH, get(metrics))
