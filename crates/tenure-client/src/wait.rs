@@ -198,6 +198,16 @@ impl Client {
         let group = self.group_of(key).await?;
         let wait_ms = millis(wait).max(1);
         let deadline = crate::time::now() + wait + WAIT_END_SLACK;
+        // Whatever ends this call other than an answer (an error, the caller dropping the
+        // future) leaves the queue: the guard cancels the wait (and releases a grant that beat
+        // the cancel) in the background.
+        let mut guard = CancelOnDrop {
+            client: Some(self.clone()),
+            key: key.clone(),
+            holder_id: holder_id.to_owned(),
+            request_id: request_id.to_owned(),
+        };
+        let mut queued_pause = QUEUED_PAUSE_MIN;
         loop {
             let now = crate::time::now();
             if now >= deadline {
@@ -226,8 +236,19 @@ impl Client {
             match answer {
                 Ok(ResponseBody::Lease(result)) => {
                     if matches!(result.reply, LeaseReply::Queued(_)) {
+                        // A position is normally the answer of a call parked until its time
+                        // was nearly up; one that came back at once (the node could not park
+                        // it) is not re-sent in a tight loop.
+                        if now.elapsed() < QUEUED_QUICK {
+                            tokio::time::sleep(queued_pause).await;
+                            queued_pause = (queued_pause * 2).min(QUEUED_PAUSE_MAX);
+                        } else {
+                            queued_pause = QUEUED_PAUSE_MIN;
+                        }
                         continue;
                     }
+                    // Answered: granted, or the wait ended (nothing left to cancel).
+                    guard.disarm();
                     return Ok((result, now));
                 }
                 Ok(_) => {
@@ -236,9 +257,17 @@ impl Client {
                     ));
                 }
                 Err(ClientError::DeadlineExceeded { .. }) => break,
-                Err(error) => return Err(error),
+                Err(error) => {
+                    // A refusal the cluster decided (the wait ended, the queue is full) left
+                    // nothing queued; anything else may have, and the guard cancels it.
+                    if matches!(error, ClientError::Server { .. }) && !error.is_retryable() {
+                        guard.disarm();
+                    }
+                    return Err(error);
+                }
             }
         }
+        guard.disarm();
         let receipt = self.cancel_wait(key, holder_id, request_id).await?;
         if let Some(grant) = receipt.granted {
             // Granted while the caller was giving up: it no longer wants it.
@@ -247,6 +276,49 @@ impl Client {
                 .await;
         }
         Err(wait_ended(WaitEndReason::TimedOut))
+    }
+}
+
+/// A position answered faster than this came back without being parked.
+const QUEUED_QUICK: Duration = Duration::from_millis(200);
+/// Pause before re-sending a wait whose position came back at once, doubling up to the max.
+const QUEUED_PAUSE_MIN: Duration = Duration::from_millis(50);
+const QUEUED_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// Cancels a wait when dropped armed (see [`Client::wait_in_queue`]).
+struct CancelOnDrop {
+    client: Option<Client>,
+    key: ResourceKey,
+    holder_id: String,
+    request_id: String,
+}
+
+impl CancelOnDrop {
+    fn disarm(&mut self) {
+        self.client = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (key, holder_id, request_id) = (
+            self.key.clone(),
+            std::mem::take(&mut self.holder_id),
+            std::mem::take(&mut self.request_id),
+        );
+        runtime.spawn(async move {
+            if let Ok(receipt) = client.cancel_wait(&key, &holder_id, &request_id).await
+                && let Some(grant) = receipt.granted
+            {
+                let _ = client.release(key, grant.lease_id, holder_id, None).await;
+            }
+        });
     }
 }
 

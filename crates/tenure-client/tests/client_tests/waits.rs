@@ -373,3 +373,56 @@ async fn tenurectl_lock_stops_a_paused_holders_command_before_the_next_one_start
         .unwrap();
     assert_eq!(view.status, tenure_client::LeaseStatus::Released);
 }
+
+/// A waiter whose call is dropped (the caller gave up: a timeout of its own, a cancelled task)
+/// leaves the queue: the client cancels the wait in the background, so a release does not hand
+/// the resource to a waiter nobody listens to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_wait_leaves_the_queue() {
+    let (cluster, client, _follower) = cluster_with_a_follower_of_group_0().await;
+    let resource = cluster.resource_in_group(TENANT, 0, "dropped", 0);
+    let holder = client
+        .acquire_grant(
+            // Long enough to outlast the cancel on a slow machine: the release must find it.
+            AcquireOptions::new(TENANT, resource.clone(), "holder", SESSION_TTL)
+                .without_auto_renew(),
+        )
+        .await
+        .unwrap();
+    let waiter_client = connect(&cluster).await;
+    let options = WaitOptions::new(
+        TENANT,
+        resource.clone(),
+        "gone",
+        TTL,
+        Duration::from_secs(60),
+    );
+    let waiter = tokio::spawn(async move { waiter_client.acquire_wait(options).await });
+    let ids = cluster.ids();
+    let parked = || async { metric_sum(&cluster, &ids, "tenure_waits_parked").await };
+    wait_for(Duration::from_secs(20), "the waiter parked", || async {
+        (parked().await >= 1.0).then_some(())
+    })
+    .await
+    .unwrap();
+    waiter.abort();
+    // The cancel ends the wait: its parked call is answered and the gauge falls.
+    wait_for(
+        Duration::from_secs(20),
+        "the dropped wait cancelled",
+        || async { (parked().await < 1.0).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let key = ResourceKey::new(TENANT, resource);
+    client
+        .release(key.clone(), holder.lease_id, "holder", None)
+        .await
+        .unwrap();
+    let view = client.get(&key).await.unwrap().view.unwrap();
+    assert_eq!(
+        view.status,
+        tenure_client::LeaseStatus::Released,
+        "the release handed the resource to a dropped waiter: {view:?}"
+    );
+}
