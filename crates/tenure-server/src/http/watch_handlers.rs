@@ -36,6 +36,8 @@ const SSE_BUFFER_EVENTS: usize = 512;
 const CURSOR_BYTES_MAX: usize = 16 * 1024;
 /// Pause after a retryable refusal of a poll.
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
+/// Below this poll wait, empty answers are paced by [`RETRY_PAUSE`].
+const POLL_WAIT_MS_PACED: u32 = 1_000;
 /// Time kept from the caller's timeout for the answer of a parked poll.
 const POLL_ANSWER_MARGIN: Duration = Duration::from_millis(500);
 
@@ -193,9 +195,14 @@ impl GroupPoller {
                     return;
                 }
             };
+            let empty = page.events.is_empty();
             match self.deliver(after, page).await {
                 Some(through) => after = Some(through),
                 None => return,
+            }
+            // A caller's timeout too short to park a poll: pace the polls instead.
+            if empty && self.wait_ms < POLL_WAIT_MS_PACED {
+                tokio::time::sleep(RETRY_PAUSE).await;
             }
         }
     }
