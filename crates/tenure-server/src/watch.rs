@@ -18,11 +18,12 @@
 //!
 //! Must not depend on: the transport or the request path (it sees applied entries only).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use dashmap::DashMap;
 use tenure_core::{ApplyOutput, Entry, ErrorCode, WatchEvent, WatchSelector};
 use tenure_proto::client::{WATCH_EVENTS_PER_ANSWER_MAX, WireError};
 use tokio::sync::watch;
@@ -96,14 +97,10 @@ pub(crate) enum Found {
 /// The rings of every group hosted here and the polls on them (see the module documentation).
 #[derive(Debug, Default)]
 pub(crate) struct WatchHub {
-    rings: Mutex<HashMap<u32, Ring>>,
+    /// Per group (a shard lock each, not one lock for all: every replica's apply reaches here
+    /// for every entry).
+    rings: DashMap<u32, Ring>,
     parked: AtomicUsize,
-}
-
-fn lock(rings: &Mutex<HashMap<u32, Ring>>) -> MutexGuard<'_, HashMap<u32, Ring>> {
-    rings
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl WatchHub {
@@ -117,8 +114,7 @@ impl WatchHub {
             Some((entry, output)) => tenure_core::events_of(group, index, entry, output),
             None => Vec::new(),
         };
-        let mut rings = lock(&self.rings);
-        let ring = rings.entry(group).or_insert_with(Ring::new);
+        let mut ring = self.rings.entry(group).or_insert_with(Ring::new);
         if ring.applied_through == 0 || index != ring.applied_through + 1 {
             // The first entry seen, or a jump (a snapshot install): nothing before is covered.
             if ring.applied_through != 0 {
@@ -163,8 +159,7 @@ impl WatchHub {
         after_index: u64,
         events_max: usize,
     ) -> (Option<Found>, u64, watch::Receiver<u64>) {
-        let mut rings = lock(&self.rings);
-        let ring = rings.entry(group).or_insert_with(Ring::new);
+        let ring = self.rings.entry(group).or_insert_with(Ring::new);
         let receiver = ring.notify.subscribe();
         let applied = ring.applied_through;
         if applied == 0 || after_index >= applied {
