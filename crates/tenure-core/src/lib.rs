@@ -102,4 +102,7 @@ pub use state::{
 pub use validate::{
     validate_holder_id, validate_request_id, validate_resource_id, validate_tenant_id,
 };
-pub use watch::{ExpiryReason, WatchEvent, WatchEventKind, WatchSelector, events_of};
+pub use watch::{
+    ExpiryReason, WatchEvent, WatchEventKind, WatchSelector, events_of, parse_watch_cursor,
+    render_watch_cursor,
+};

@@ -182,6 +182,30 @@ impl WatchSelector {
     }
 }
 
+/// Parses a watch cursor, `GROUP:INDEX,...` (empty: none), as `tenurectl watch --after` and
+/// the HTTP watch route's `Last-Event-ID` carry it; the error names the bad part.
+pub fn parse_watch_cursor(text: &str) -> Result<std::collections::BTreeMap<u32, u64>, String> {
+    text.split(',')
+        .filter(|part| !part.trim().is_empty())
+        .map(|part| {
+            let (group, index) = part.split_once(':').unwrap_or((part, ""));
+            match (group.trim().parse(), index.trim().parse()) {
+                (Ok(group), Ok(index)) => Ok((group, index)),
+                _ => Err(format!("cursor part {part:?} is not GROUP:INDEX")),
+            }
+        })
+        .collect()
+}
+
+/// Renders a watch cursor as [`parse_watch_cursor`] reads it.
+pub fn render_watch_cursor(cursor: &std::collections::BTreeMap<u32, u64>) -> String {
+    cursor
+        .iter()
+        .map(|(group, index)| format!("{group}:{index}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The events of the entry at `index` of `group`, given what applying it produced (see the
 /// module documentation for their order).
 pub fn events_of(

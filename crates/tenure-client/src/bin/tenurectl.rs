@@ -471,18 +471,8 @@ enum GroupCommand {
 
 /// A watch cursor: `GROUP:INDEX,...`.
 fn parse_cursor(text: &str) -> Result<BTreeMap<u32, u64>, ClientError> {
-    text.split(',')
-        .filter(|part| !part.is_empty())
-        .map(|part| {
-            let (group, index) = part.split_once(':').unwrap_or((part, ""));
-            match (group.trim().parse(), index.trim().parse()) {
-                (Ok(group), Ok(index)) => Ok((group, index)),
-                _ => Err(ClientError::InvalidRequest(format!(
-                    "--after: {part:?} is not GROUP:INDEX"
-                ))),
-            }
-        })
-        .collect()
+    tenure_core::parse_watch_cursor(text)
+        .map_err(|error| ClientError::InvalidRequest(format!("--after: {error}")))
 }
 
 #[derive(Debug, clap::Args)]
@@ -837,12 +827,7 @@ async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
                 };
                 println!("{line}");
             }
-            let cursor = watch
-                .cursor()
-                .iter()
-                .map(|(group, index)| format!("{group}:{index}"))
-                .collect::<Vec<_>>()
-                .join(",");
+            let cursor = tenure_core::render_watch_cursor(watch.cursor());
             Ok(fields_report(vec![
                 ("events", json!(events)),
                 ("resyncs", json!(resyncs)),

@@ -123,31 +123,14 @@ async fn resource_group(
     }
 }
 
-/// A cursor `GROUP:INDEX,...` (empty: from now).
+/// A cursor `GROUP:INDEX,...` (empty: from now), bounded in length.
 fn parse_cursor(text: &str) -> Result<BTreeMap<u32, u64>, ApiError> {
     if text.len() > CURSOR_BYTES_MAX {
         return Err(invalid(format!(
             "the cursor is longer than {CURSOR_BYTES_MAX} bytes"
         )));
     }
-    text.split(',')
-        .filter(|part| !part.trim().is_empty())
-        .map(|part| {
-            let (group, index) = part.split_once(':').unwrap_or((part, ""));
-            match (group.trim().parse(), index.trim().parse()) {
-                (Ok(group), Ok(index)) => Ok((group, index)),
-                _ => Err(invalid(format!("cursor part {part:?} is not GROUP:INDEX"))),
-            }
-        })
-        .collect()
-}
-
-fn render_cursor(cursor: &BTreeMap<u32, u64>) -> String {
-    cursor
-        .iter()
-        .map(|(group, index)| format!("{group}:{index}"))
-        .collect::<Vec<_>>()
-        .join(",")
+    tenure_core::parse_watch_cursor(text).map_err(invalid)
 }
 
 /// Long-polls one group for one SSE stream.
@@ -247,7 +230,7 @@ impl GroupPoller {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             cursor.insert(group_id, through);
-            render_cursor(&cursor)
+            tenure_core::render_watch_cursor(&cursor)
         };
         let current = page
             .current
