@@ -212,6 +212,9 @@ pub struct OpRecord {
     /// When this re-sends an earlier operation's request id on purpose (an exactly-once probe):
     /// that operation's id. A replay must return the original outcome and change nothing.
     pub replay_of: Option<u64>,
+    /// For an Acquire that waited in the resource's FIFO queue (AcquireWait): the wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<WaitRecord>,
     /// When the first attempt was sent.
     pub invoke_ns: Nanos,
     /// When the definite answer arrived; `None` for [`Outcome::Unknown`].
@@ -220,6 +223,77 @@ pub struct OpRecord {
     pub attempts: u32,
     /// The answer.
     pub outcome: Outcome,
+}
+
+/// An Acquire that waited in the resource's FIFO queue: its wait, and its place when the
+/// queue answered with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitRecord {
+    /// How long it asked to wait.
+    pub wait_ms: u64,
+    /// Log time of the entry that queued it, when a position was answered (a wait granted at
+    /// once, or before a position came back, has none).
+    pub queued_at_ms: Option<u64>,
+    /// Log time its wait ends at (the queue's answer).
+    pub wait_until_ms: Option<u64>,
+    /// Waiters ahead of it when queued.
+    pub position: Option<u32>,
+}
+
+/// One item a watch stream delivered, in the order it did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchRecord {
+    /// The watching task (one stream each; a new stream gets a new name).
+    pub watcher: String,
+    /// When it arrived.
+    pub at_ns: Nanos,
+    /// The group.
+    pub group: u32,
+    /// What arrived.
+    pub item: WatchItemRecord,
+}
+
+/// A watch stream's item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WatchItemRecord {
+    /// The stream starts after `index` (nothing before it is delivered).
+    Started {
+        /// Its start.
+        index: u64,
+    },
+    /// An event of the group's log.
+    Event {
+        /// The entry's index.
+        index: u64,
+        /// The entry's log time.
+        log_time_ms: u64,
+        /// The resource.
+        resource: String,
+        /// `ACQUIRED`, `RELEASED`, `EXPIRED` or `HANDED_OFF`.
+        kind: String,
+        /// The holder (for ACQUIRED, HANDED_OFF and RELEASED).
+        holder: Option<String>,
+        /// The lease's fencing token.
+        token: u64,
+    },
+    /// Everything up to `index` was delivered.
+    Through {
+        /// The index.
+        index: u64,
+    },
+    /// A new stream of the same watcher resumed after `after` (its cursor): what it delivers
+    /// continues what the earlier stream delivered through `after` (items of the earlier
+    /// stream after it, not yet covered by a Through, may come again).
+    Resumed {
+        /// The cursor's index for the group.
+        after: u64,
+    },
+    /// The stream fell behind the retention: events up to `index` are lost to it, and it
+    /// goes on after it.
+    Resync {
+        /// The state's index.
+        index: u64,
+    },
 }
 
 /// A write to the fenced store, as its writer sends it.
@@ -295,4 +369,7 @@ pub struct History {
     pub writes: Vec<WriteRecord>,
     /// Faults.
     pub faults: Vec<FaultEvent>,
+    /// What watch streams delivered.
+    #[serde(default)]
+    pub watch: Vec<WatchRecord>,
 }

@@ -75,13 +75,13 @@ pub use routing::{LeaderEntry, NodeInfo, RoutingState};
 pub use session::{KeepAliveConfirmed, Session, SessionLease, SessionLoss};
 pub use tenure_core::{
     ClusterChange, ClusterMeta, ClusterOp, ErrorCode, ExpiryReason, FenceVerdict, LeaseGrant,
-    LeaseId, LeaseStatus, LeaseView, NodeAddresses, NodeRecord, NodeState, ReplayState,
-    ReplayStatus, ResourceKey, SessionGrant, SessionId, SessionIdParseError, SessionReceipt,
-    WaitCancelReceipt, WaitEndReason, WaitLease, WatchEvent, WatchEventKind, WatchSelector,
+    LeaseId, LeaseStatus, LeaseView, NodeAddresses, NodeRecord, NodeState, QueuedReceipt,
+    ReplayState, ReplayStatus, ResourceKey, SessionGrant, SessionId, SessionIdParseError,
+    SessionReceipt, WaitCancelReceipt, WaitEndReason, WaitLease, WatchEvent, WatchEventKind, WatchSelector,
 };
 pub use tenure_proto::client::{
     FenceCheckResult, FollowerProgress, GetResult, GroupMembers, GroupStatus, LeaseResult,
     NodeStatus, WatchPage, WatchPoll,
 };
-pub use wait::{WaitOptions, is_wait_ended};
+pub use wait::{WaitOptions, WaitStep, is_wait_ended};
 pub use watch::{Watch, WatchFrom, WatchItem, WatchOptions};

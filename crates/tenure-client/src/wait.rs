@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use std::time::Instant;
 use tenure_core::{
-    ErrorCode, LeaseOp, LeaseReply, ResourceKey, WaitAcquireRequest, WaitCancelReceipt,
-    WaitCancelRequest, WaitEndReason, WaitLease,
+    ErrorCode, LeaseOp, LeaseReply, QueuedReceipt, ResourceKey, WaitAcquireRequest,
+    WaitCancelReceipt, WaitCancelRequest, WaitEndReason, WaitLease,
 };
 use tenure_proto::client::{LeaseResult, RequestBody, RequestFlags, ResponseBody};
 
@@ -151,6 +151,73 @@ impl Client {
         }
     }
 
+    /// Joins the resource's queue, or gets the resource at once, without parking: one
+    /// AcquireWait with `request_id`, answered within about [`ENQUEUE_ATTEMPT_MAX`] per attempt
+    /// (retried on another node within [`ENQUEUE_DEADLINE`]) with the grant or the wait's place
+    /// ([`QueuedReceipt`]: position, the log time it was queued at and its wait's end). Go on
+    /// with [`Client::acquire_wait`] with the same request id (and the same holder, ttl and
+    /// wait) to park until the grant: it finds this place, never a second one. Useful to show
+    /// a waiter its position, or to learn when it joined the queue.
+    ///
+    /// Nothing cancels a wait this call queued: the caller either waits for it or cancels it
+    /// ([`Client::cancel_wait`]); otherwise it stays queued until its wait passes.
+    ///
+    /// Errors: as [`Client::acquire_wait`] (a wait that already ended answers its end).
+    pub async fn wait_enqueue(
+        &self,
+        options: &WaitOptions,
+        request_id: &str,
+    ) -> Result<WaitStep, ClientError> {
+        let key = &options.key;
+        let group = self.group_of(key).await?;
+        let body = RequestBody::Lease(LeaseOp::AcquireWait(WaitAcquireRequest {
+            key: key.clone(),
+            holder_id: options.holder_id.clone(),
+            lease: WaitLease::Ttl {
+                ttl_ms: millis(options.ttl),
+            },
+            wait_ms: millis(options.wait).max(1),
+            request_id: request_id.to_owned(),
+        }));
+        let sent_at = crate::time::now();
+        let answer = self
+            .call_with_attempts(
+                Some(group),
+                body,
+                RequestFlags::default(),
+                Some(&key.tenant_id),
+                sent_at + ENQUEUE_DEADLINE,
+                ENQUEUE_ATTEMPT_MAX,
+            )
+            .await?;
+        let ResponseBody::Lease(result) = answer else {
+            return Err(ClientError::Protocol(
+                "AcquireWait answered with another kind".into(),
+            ));
+        };
+        match &result.reply {
+            LeaseReply::Queued(receipt) => Ok(WaitStep::Queued(receipt.clone())),
+            reply => {
+                let Some(granted) = reply.grant() else {
+                    return Err(ClientError::Protocol(
+                        "AcquireWait answered with neither a grant nor a position".into(),
+                    ));
+                };
+                // The attempt that got the answer was sent at most ENQUEUE_DEADLINE ago; the
+                // window counts from the first send (conservative).
+                Ok(WaitStep::Granted(self.make_grant(
+                    key.clone(),
+                    options.holder_id.clone(),
+                    request_id.to_owned(),
+                    sent_at,
+                    granted,
+                    result.group_id,
+                    (result.replayed, result.replay),
+                )))
+            }
+        }
+    }
+
     /// Cancels a wait by its request id: it leaves the queue. If the wait was granted before
     /// the cancel arrived, the receipt carries the grant: the caller holds that lease.
     pub async fn cancel_wait(
@@ -278,6 +345,21 @@ impl Client {
         Err(wait_ended(WaitEndReason::TimedOut))
     }
 }
+
+/// What [`Client::wait_enqueue`] found.
+#[derive(Debug, Clone)]
+pub enum WaitStep {
+    /// The resource was free (or the wait had already been granted): the caller holds it.
+    Granted(Grant),
+    /// The wait is in the resource's queue.
+    Queued(QueuedReceipt),
+}
+
+/// Longest time one attempt of [`Client::wait_enqueue`] takes (the server parks a call at most
+/// its timeout less a margin of 300 ms, so this keeps the park short).
+const ENQUEUE_ATTEMPT_MAX: Duration = Duration::from_millis(500);
+/// Longest time [`Client::wait_enqueue`] retries.
+const ENQUEUE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A position answered faster than this came back without being parked.
 const QUEUED_QUICK: Duration = Duration::from_millis(200);

@@ -38,9 +38,12 @@ pub enum NegativeControl {
     /// A hand-off grants the resource to the newest waiter instead of the oldest (breaks FIFO
     /// order among live waiters).
     WaitQueueLifo,
-    /// A hand-off ignores the end of a waiter's wait and grants it anyway (breaks "no grant to a
-    /// dead waiter").
+    /// A hand-off ignores the end of a waiter's wait and grants it anyway, and a waiter whose
+    /// wait passed is dropped only 5 s later (breaks "no grant to a dead waiter").
     HandOffToDeadWaiters,
+    /// A node's watch hub leaves every seventh event out of what it retains and serves (breaks
+    /// gap-free watch streams).
+    WatchDropsEvents,
 }
 
 impl NegativeControl {
@@ -48,7 +51,7 @@ impl NegativeControl {
     pub const AVAILABLE: bool = cfg!(feature = "negative-controls");
 
     /// Every control, [`NegativeControl::None`] first.
-    pub const ALL: [NegativeControl; 9] = [
+    pub const ALL: [NegativeControl; 10] = [
         NegativeControl::None,
         NegativeControl::SkipExpiryCheck,
         NegativeControl::DisableDeduplication,
@@ -58,6 +61,7 @@ impl NegativeControl {
         NegativeControl::SessionLeasesOutliveClose,
         NegativeControl::WaitQueueLifo,
         NegativeControl::HandOffToDeadWaiters,
+        NegativeControl::WatchDropsEvents,
     ];
 
     /// Its name in configurations and reports (`skip-expiry-check`, ...).
@@ -72,6 +76,7 @@ impl NegativeControl {
             NegativeControl::SessionLeasesOutliveClose => "session-leases-outlive-close",
             NegativeControl::WaitQueueLifo => "wait-queue-lifo",
             NegativeControl::HandOffToDeadWaiters => "hand-off-to-dead-waiters",
+            NegativeControl::WatchDropsEvents => "watch-drops-events",
         }
     }
 

@@ -243,7 +243,7 @@ impl Node {
             negative_control,
         };
         let waits = crate::waits::WaitRegistry::new();
-        let watches = crate::watch::WatchHub::new();
+        let watches = crate::watch::WatchHub::with_negative_control(negative_control);
         let factory = ReplicaFactory::new(
             node_id,
             storage.clone(),

@@ -20,11 +20,11 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use tenure_core::{ApplyOutput, Entry, ErrorCode, WatchEvent, WatchSelector};
+use tenure_core::{ApplyOutput, Entry, ErrorCode, NegativeControl, WatchEvent, WatchSelector};
 use tenure_proto::client::{WATCH_EVENTS_PER_ANSWER_MAX, WireError};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -101,19 +101,38 @@ pub(crate) struct WatchHub {
     /// for every entry).
     rings: DashMap<u32, Ring>,
     parked: AtomicUsize,
+    /// A guarantee broken on purpose (test builds only; see `tenure_core::NegativeControl`).
+    negative_control: NegativeControl,
+    /// Events seen, for [`NegativeControl::WatchDropsEvents`].
+    events_seen: AtomicU64,
 }
 
 impl WatchHub {
+    #[cfg(test)]
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(WatchHub::default())
     }
 
+    /// A hub that breaks `negative_control` if it is a watch control (test builds only).
+    pub(crate) fn with_negative_control(negative_control: NegativeControl) -> Arc<Self> {
+        Arc::new(WatchHub {
+            negative_control,
+            ..WatchHub::default()
+        })
+    }
+
     /// The entry at `index` of `group` was applied (see [`AppliedFeed`]).
     pub(crate) fn observe(&self, group: u32, index: u64, applied: Option<(&Entry, &ApplyOutput)>) {
-        let events = match applied {
+        let mut events = match applied {
             Some((entry, output)) => tenure_core::events_of(group, index, entry, output),
             None => Vec::new(),
         };
+        if self
+            .negative_control
+            .breaks(NegativeControl::WatchDropsEvents)
+        {
+            events.retain(|_| self.events_seen.fetch_add(1, Ordering::Relaxed) % 7 != 6);
+        }
         let mut ring = self.rings.entry(group).or_insert_with(Ring::new);
         if ring.applied_through == 0 || index != ring.applied_through + 1 {
             // The first entry seen, or a jump (a snapshot install): nothing before is covered.

@@ -92,6 +92,10 @@ struct Summary {
     wall_s: f64,
     simulated_s_per_wall_s: f64,
     ops_checked: u64,
+    /// Hand-offs to waiters whose queue place was known, judged for FIFO order and liveness.
+    hand_offs_judged: u64,
+    /// Watch events judged (order, gaps, agreement with the history).
+    watch_events_judged: u64,
     elections: u64,
     states_compared: u64,
     lost_unsynced_batches: u64,
@@ -129,7 +133,7 @@ fn line(report: &SimReport, wall_s: f64) -> String {
         .collect();
     format!(
         "sim seed {}: {} nodes, {}: faults [{}]; {:.1} simulated s in {:.1} s; {} ops checked; \
-         {} elections; {} states compared; {} unsynced batches lost; {} moves ({} failed); nodes added \
+         {} hand-offs judged; {} watch events judged; {} elections; {} states compared; {} unsynced batches lost; {} moves ({} failed); nodes added \
          {:?}, gone {:?} (wiped and back {:?}, excluded {:?}), final voters {:?}; {} late writes ({} rejected); trace {:016x}; {} violation(s)",
         report.seed,
         report.nodes,
@@ -138,6 +142,8 @@ fn line(report: &SimReport, wall_s: f64) -> String {
         report.simulated_ms as f64 / 1_000.0,
         wall_s,
         report.ops_checked,
+        report.hand_offs_judged,
+        report.watch_events_judged,
         report.elections,
         report.states_compared,
         report.lost_unsynced_batches,
@@ -167,6 +173,8 @@ fn main() -> anyhow::Result<()> {
         wall_s: 0.0,
         simulated_s_per_wall_s: 0.0,
         ops_checked: 0,
+        hand_offs_judged: 0,
+        watch_events_judged: 0,
         elections: 0,
         states_compared: 0,
         lost_unsynced_batches: 0,
@@ -206,6 +214,8 @@ fn main() -> anyhow::Result<()> {
         summary.seeds += 1;
         simulated_ms += report.simulated_ms;
         summary.ops_checked += report.ops_checked;
+        summary.hand_offs_judged += report.hand_offs_judged;
+        summary.watch_events_judged += report.watch_events_judged;
         summary.elections += report.elections;
         summary.states_compared += report.states_compared;
         summary.lost_unsynced_batches += report.lost_unsynced_batches;
@@ -272,12 +282,14 @@ fn main() -> anyhow::Result<()> {
         0.0
     };
     println!(
-        "sim summary: {} seeds, {:.1} simulated h, {:.0} wall s ({:.1} simulated s per wall s), {} ops checked, {} elections, {} replica moves ({} failed), {} nodes added, {} nodes taken out for good ({} seeds ended with a voter still on one; {} came back wiped under their old id, {} of them in the birth window, {} of them excluded, 0 admitted or the seed fails; {} wipes of a node nobody had pinned), nemeses {:?}, {} seed(s) with violations",
+        "sim summary: {} seeds, {:.1} simulated h, {:.0} wall s ({:.1} simulated s per wall s), {} ops checked, {} hand-offs judged, {} watch events judged, {} elections, {} replica moves ({} failed), {} nodes added, {} nodes taken out for good ({} seeds ended with a voter still on one; {} came back wiped under their old id, {} of them in the birth window, {} of them excluded, 0 admitted or the seed fails; {} wipes of a node nobody had pinned), nemeses {:?}, {} seed(s) with violations",
         summary.seeds,
         summary.simulated_s / 3_600.0,
         summary.wall_s,
         summary.simulated_s_per_wall_s,
         summary.ops_checked,
+        summary.hand_offs_judged,
+        summary.watch_events_judged,
         summary.elections,
         summary.moves_done,
         summary.moves_failed,

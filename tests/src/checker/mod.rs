@@ -25,6 +25,12 @@
 //!    bound after the last fault healed ([`check_liveness`]; the run adds "every group has a
 //!    leader", which it observes itself).
 //!
+//! 7. **Wait queues** ([`Property::WaitQueue`]): no hand-off to a waiter whose wait had ended,
+//!    and none past a live waiter queued earlier ([`queues`]).
+//! 8. **Watch streams** ([`Property::Watch`]): each watcher's events per group in log order,
+//!    without gaps (across resumes too), a lease's end before the resource's next grant, and
+//!    grants that agree with the history ([`queues`]).
+//!
 //! Operations without a definite answer ([`Outcome::Unknown`]) are indeterminate: they may have
 //! taken effect at any time after they were invoked, or never. Only state-machine answers are
 //! definite.
@@ -33,6 +39,7 @@
 //! runs the same checker on its histories.
 
 pub mod linearizability;
+mod queues;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -63,6 +70,10 @@ pub enum Property {
     /// A node that lost its data rejoined its groups under its old id (the simulation's wiped
     /// replace-node: its replicas must never be admitted).
     Amnesia,
+    /// A hand-off went to a dead waiter, or past a live waiter queued earlier.
+    WaitQueue,
+    /// A watch stream delivered events out of order, with a gap, or unlike the history.
+    Watch,
 }
 
 impl Property {
@@ -78,6 +89,8 @@ impl Property {
             Property::ElectionSafety => "election-safety",
             Property::NodeCrash => "node-crash",
             Property::Amnesia => "amnesia",
+            Property::WaitQueue => "wait-queue",
+            Property::Watch => "watch",
         }
     }
 }
@@ -250,9 +263,16 @@ pub struct CheckReport {
     pub late_writes_rejected: u64,
     /// Replays (exactly-once probes) with a definite answer, compared with their original.
     pub replays_compared: u64,
+    /// Hand-offs to waiters whose place in the queue was known, judged for FIFO order and
+    /// liveness.
+    #[serde(default)]
+    pub hand_offs_judged: u64,
+    /// Watch events judged.
+    #[serde(default)]
+    pub watch_events_judged: u64,
 }
 
-/// Checks properties 1 to 5 on a history.
+/// Checks properties 1 to 5, 7 and 8 on a history.
 pub fn check(history: &History, config: &CheckConfig) -> CheckReport {
     let mut report = CheckReport {
         ops_checked: history.ops.len() as u64,
@@ -287,6 +307,8 @@ pub fn check(history: &History, config: &CheckConfig) -> CheckReport {
     check_log_time(&history.ops, &mut report.violations);
     report.replays_compared = check_exactly_once(&history.ops, &mut report.violations);
     check_writes(history, &mut report);
+    report.hand_offs_judged = queues::check_wait_queues(history, &mut report.violations);
+    report.watch_events_judged = queues::check_watch(history, &mut report.violations);
     report
 }
 

@@ -38,7 +38,9 @@ use super::schedule::{Fault, FaultKind, NodeTarget, PlanShape, Step, plan};
 use super::workload::{WorkerLine, read_outcome};
 use crate::checker::{self, CheckConfig, CheckReport, Property, Violation};
 use crate::fencing::StoreServer;
-use crate::history::{FaultEvent, History, Nanos, OpKind, OpRecord, Outcome, mono_now_ns};
+use crate::history::{
+    FaultEvent, History, Nanos, OpKind, OpRecord, Outcome, WatchRecord, mono_now_ns,
+};
 
 /// The tenant every run's resources belong to.
 pub const TENANT: &str = "fault";
@@ -47,6 +49,8 @@ const SPARE_NODES: u64 = 4;
 /// Operations one run records at most (beyond it the run fails rather than check a history with
 /// holes).
 const RECORDED_OPS_MAX: usize = 2_000_000;
+/// Watch items kept from the clients at most.
+const RECORDED_WATCH_MAX: usize = 4_000_000;
 
 /// When a run keeps its directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,7 +225,11 @@ struct ClientProcess {
 #[derive(Default)]
 struct Recorded {
     ops: HashMap<u64, OpRecord>,
-    /// More than [`RECORDED_OPS_MAX`] operations arrived; some were not kept.
+    /// Watch items, in the order they arrived (per client process, the order they were
+    /// delivered).
+    watch: Vec<WatchRecord>,
+    /// More than [`RECORDED_OPS_MAX`] operations (or [`RECORDED_WATCH_MAX`] watch items)
+    /// arrived; some were not kept.
     overflowed: bool,
 }
 
@@ -290,6 +298,14 @@ fn spawn_client(
                     {
                         // An answer replaces its invocation.
                         recorded.ops.insert(record.id, record);
+                    } else {
+                        recorded.overflowed = true;
+                    }
+                }
+                Ok(WorkerLine::Watch(record)) => {
+                    let mut recorded = lock(&ops);
+                    if recorded.watch.len() < RECORDED_WATCH_MAX {
+                        recorded.watch.push(record);
                     } else {
                         recorded.overflowed = true;
                     }
@@ -603,14 +619,18 @@ async fn run_in(
     tracing::info!(seed = config.seed, "run: clients stopped; final reads");
 
     // Read every resource once more.
-    let mut ops: Vec<OpRecord> = {
+    let (mut ops, watch): (Vec<OpRecord>, Vec<WatchRecord>) = {
         let mut recorded = lock(&ops);
         if recorded.overflowed {
             return Err(HarnessError::Client(format!(
-                "the clients recorded more than {RECORDED_OPS_MAX} operations: shorten the run"
+                "the clients recorded more than {RECORDED_OPS_MAX} operations or \
+                 {RECORDED_WATCH_MAX} watch items: shorten the run"
             )));
         }
-        recorded.ops.drain().map(|(_, op)| op).collect()
+        (
+            recorded.ops.drain().map(|(_, op)| op).collect(),
+            std::mem::take(&mut recorded.watch),
+        )
     };
     ops.extend(final_reads(&client, config.resources).await);
 
@@ -635,6 +655,7 @@ async fn run_in(
         ops,
         writes: store.records(),
         faults: lock(&shared.faults).clone(),
+        watch,
     };
     let check = checker::check(&history, &CheckConfig::default());
     violations.extend(check.violations.iter().cloned());
@@ -1535,6 +1556,7 @@ async fn final_read(
         ttl_ms: 0,
         new_holder: None,
         replay_of: None,
+        wait: None,
         invoke_ns,
         complete_ns,
         attempts,

@@ -13,6 +13,14 @@
 //! window runs from the first call to the definite answer. Only when the run is over and the
 //! resolve deadline passes does it stay [`Outcome::Unknown`].
 //!
+//! A task that holds nothing sometimes waits for a resource in its FIFO queue instead
+//! (AcquireWait): it first joins the queue without parking (`Client::wait_enqueue`, which
+//! answers the wait's place: when it was queued and when its wait ends), then parks until the
+//! grant with the same request id. The history records both, so the checker can judge FIFO
+//! order among live waiters and that no dead waiter is granted. One task per client process or
+//! host also watches the tenant ([`run_watcher`]), resuming from its cursor now and then, and
+//! records every item it is given.
+//!
 //! A line `stop` on standard input (or its end) stops the tasks after their current operation;
 //! the process prints `{"done": ...}` and exits.
 //!
@@ -29,7 +37,8 @@ use rand::{Rng as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
 use tenure_client::{
     AcquireOptions, Client, ClientConfig, ClientError, Credentials, GetResult, Grant, LeaseId,
-    ResourceKey, Session,
+    ResourceKey, Session, WaitOptions, WaitStep, WatchEventKind, WatchFrom, WatchItem,
+    WatchOptions, WatchSelector,
 };
 use tenure_core::GroupId;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
@@ -39,11 +48,15 @@ use super::HarnessError;
 use crate::fencing::{SharedFence, StoreClient, StoreError, WriteReply};
 use crate::history::FencedWrite;
 use crate::history::{
-    InstantAnchor, LeaseRef, Nanos, OpKind, OpRecord, Outcome, ViewRecord, mono_now_ns,
+    InstantAnchor, LeaseRef, Nanos, OpKind, OpRecord, Outcome, ViewRecord, WaitRecord,
+    WatchItemRecord, WatchRecord, mono_now_ns,
 };
 
 /// Past operations a task keeps for exactly-once probes.
 const REPLAYABLE_MAX: usize = 64;
+/// How much longer than its queue's wait the library waits for a parked wait's answer.
+const PARKED_WAIT_EXTRA_MS: u64 = 10_000;
+const PARKED_WAIT_EXTRA: Duration = Duration::from_millis(PARKED_WAIT_EXTRA_MS);
 /// Records queued for standard output at most (tasks wait beyond it).
 const RECORD_QUEUE: usize = 4_096;
 
@@ -81,6 +94,8 @@ pub enum WorkerLine {
     Invoke(OpRecord),
     /// An operation, answered (or given up on).
     Op(OpRecord),
+    /// An item a watch stream delivered.
+    Watch(WatchRecord),
     /// The process is done.
     Done {
         /// Operations recorded.
@@ -165,16 +180,23 @@ async fn run_worker(args: WorkerArgs) -> Result<(), HarnessError> {
         let _ = out.flush().await;
         (out, count)
     });
-    let clock = WorkClock::Machine(InstantAnchor::new());
-    let sink = Sink::Lines(records.clone());
-    let next_id = Arc::new(AtomicU64::new(1));
     let rejected = Arc::new(AtomicU64::new(0));
-    let workload = Arc::new(Workload {
-        tenant: args.tenant.clone(),
-        resources: args.resources.clone(),
-        groups: groups.clone(),
-        ttl_ms: args.ttl_ms,
-    });
+    // Every task's, and the watcher's (which takes it last: when they end, the record writer's
+    // senders are gone with it).
+    let set = TaskSet {
+        client: client.clone(),
+        clock: WorkClock::Machine(InstantAnchor::new()),
+        sink: Sink::Lines(records.clone()),
+        stop,
+        workload: Arc::new(Workload {
+            tenant: args.tenant.clone(),
+            resources: args.resources.clone(),
+            groups: groups.clone(),
+            ttl_ms: args.ttl_ms,
+        }),
+        next_id: Arc::new(AtomicU64::new(1)),
+        rejected: rejected.clone(),
+    };
     let mut handles = Vec::new();
     for task in 1..=args.tasks {
         let name = format!("p{}t{task}", args.process);
@@ -185,21 +207,15 @@ async fn run_worker(args: WorkerArgs) -> Result<(), HarnessError> {
             seed: args.seed ^ (u64::from(task) << 32),
             id_base: u64::from(args.process) << 40,
         };
-        handles.push(tokio::spawn(
-            TaskSet {
-                client: client.clone(),
-                clock: clock.clone(),
-                sink: sink.clone(),
-                stop: stop.clone(),
-                workload: workload.clone(),
-                next_id: next_id.clone(),
-                rejected: rejected.clone(),
-            }
-            .task(spec, fence)
-            .run(),
-        ));
+        handles.push(tokio::spawn(set.task(spec, fence).run()));
     }
-    drop(sink);
+    // One watcher per process, reading from any replica in every other process.
+    handles.push(tokio::spawn(run_watcher(
+        set,
+        format!("p{}w", args.process),
+        args.seed ^ 0x7761_7463_6800_0000,
+        args.process % 2 == 0,
+    )));
     drop(records);
     for handle in handles {
         let _ = handle.await;
@@ -287,8 +303,13 @@ impl WorkClock {
 pub enum Sink {
     /// JSON lines on standard output (a client process).
     Lines(mpsc::Sender<WorkerLine>),
-    /// A shared map by operation id (a simulation).
-    Memory(Arc<std::sync::Mutex<BTreeMap<u64, OpRecord>>>),
+    /// A shared map by operation id, and the watch items in arrival order (a simulation).
+    Memory {
+        /// Operations by id.
+        ops: Arc<std::sync::Mutex<BTreeMap<u64, OpRecord>>>,
+        /// Watch items.
+        watch: Arc<std::sync::Mutex<Vec<WatchRecord>>>,
+    },
 }
 
 impl Sink {
@@ -297,9 +318,16 @@ impl Sink {
             Sink::Lines(sender) => {
                 let _ = sender.send(line).await;
             }
-            Sink::Memory(ops) => {
+            Sink::Memory { ops, watch } => {
                 let record = match line {
                     WorkerLine::Invoke(record) | WorkerLine::Op(record) => record,
+                    WorkerLine::Watch(record) => {
+                        watch
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push(record);
+                        return;
+                    }
                     WorkerLine::Done { .. } => return,
                 };
                 ops.lock()
@@ -430,6 +458,12 @@ enum Call {
     SessionAcquire {
         resource: String,
     },
+    /// Acquire, waiting in the resource's FIFO queue while it is held (as a probe of an earlier
+    /// wait's request id: one AcquireWait without parking).
+    AcquireWait {
+        resource: String,
+        wait_ms: u64,
+    },
     /// Close the task's session: the held lease (bound to it) ends with it.
     SessionClose {
         resource: String,
@@ -446,7 +480,7 @@ impl Call {
             Call::Release { .. } => OpKind::Release,
             Call::Transfer { .. } => OpKind::Transfer,
             Call::Get { .. } => OpKind::Get,
-            Call::SessionAcquire { .. } => OpKind::Acquire,
+            Call::SessionAcquire { .. } | Call::AcquireWait { .. } => OpKind::Acquire,
             Call::SessionClose { .. } => OpKind::SessionClose,
         }
     }
@@ -459,6 +493,7 @@ impl Call {
             | Call::Transfer { resource, .. }
             | Call::Get { resource }
             | Call::SessionAcquire { resource }
+            | Call::AcquireWait { resource, .. }
             | Call::SessionClose { resource, .. } => resource,
         }
     }
@@ -469,7 +504,10 @@ impl Call {
             | Call::Release { lease, .. }
             | Call::Transfer { lease, .. }
             | Call::SessionClose { lease, .. } => Some(*lease),
-            Call::Acquire { .. } | Call::Get { .. } | Call::SessionAcquire { .. } => None,
+            Call::Acquire { .. }
+            | Call::Get { .. }
+            | Call::SessionAcquire { .. }
+            | Call::AcquireWait { .. } => None,
         }
     }
 
@@ -480,7 +518,10 @@ impl Call {
             | Call::Release { holder, .. }
             | Call::Transfer { holder, .. }
             | Call::SessionClose { holder, .. } => Some(holder),
-            Call::Acquire { .. } | Call::Get { .. } | Call::SessionAcquire { .. } => None,
+            Call::Acquire { .. }
+            | Call::Get { .. }
+            | Call::SessionAcquire { .. }
+            | Call::AcquireWait { .. } => None,
         }
     }
 }
@@ -524,6 +565,124 @@ pub struct Task {
     /// renewing them; `session` is the current one (a new one after a close or a loss).
     uses_sessions: bool,
     session: Option<Session>,
+}
+
+/// How long one stream of a watcher lasts before it is dropped and a new one resumes from its
+/// cursor (drawn per stream).
+const WATCH_STREAM_MS: std::ops::RangeInclusive<u64> = 1_000..=6_000;
+
+/// Watches the workload's tenant until the stop signal, recording every item as `name`'s; now
+/// and then drops the stream and resumes a new one from the cursor (recording
+/// [`WatchItemRecord::Resumed`] for each group in it), so the checker judges resumed streams.
+pub async fn run_watcher(set: TaskSet, name: String, seed: u64, stale_read: bool) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut cursor: BTreeMap<u32, u64> = BTreeMap::new();
+    let selector = WatchSelector::Tenant(set.workload.tenant.clone());
+    let options = WatchOptions {
+        stale_read,
+        poll_wait: Duration::from_secs(2),
+        ..WatchOptions::default()
+    };
+    let record = |group: u32, item: WatchItemRecord| WatchRecord {
+        watcher: name.clone(),
+        at_ns: set.clock.now_ns(),
+        group,
+        item,
+    };
+    while set.stop.borrow().is_none() {
+        let from = if cursor.is_empty() {
+            WatchFrom::Now
+        } else {
+            for (&group, &after) in &cursor {
+                set.sink
+                    .send(WorkerLine::Watch(record(
+                        group,
+                        WatchItemRecord::Resumed { after },
+                    )))
+                    .await;
+            }
+            WatchFrom::Cursor(cursor.clone())
+        };
+        let mut watch = match set
+            .client
+            .watch(selector.clone(), from, options.clone())
+            .await
+        {
+            Ok(watch) => watch,
+            Err(error) => {
+                tracing::warn!(watcher = %name, "watch: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        let stream_ends =
+            tokio::time::Instant::now() + Duration::from_millis(rng.random_range(WATCH_STREAM_MS));
+        loop {
+            if set.stop.borrow().is_some() {
+                break;
+            }
+            let now = tokio::time::Instant::now();
+            if now >= stream_ends {
+                break;
+            }
+            let slice = (stream_ends - now).min(Duration::from_millis(250));
+            let item = match tokio::time::timeout(slice, watch.next_item()).await {
+                Err(_) => continue,
+                Ok(None) => break,
+                Ok(Some(Err(error))) => {
+                    tracing::warn!(watcher = %name, "watch: {error}");
+                    continue;
+                }
+                Ok(Some(Ok(item))) => item,
+            };
+            let (group, item) = match item {
+                WatchItem::Started {
+                    group_id,
+                    through_index,
+                    ..
+                } => (
+                    group_id,
+                    WatchItemRecord::Started {
+                        index: through_index,
+                    },
+                ),
+                WatchItem::Through { group_id, index } => {
+                    (group_id, WatchItemRecord::Through { index })
+                }
+                WatchItem::Resync {
+                    group_id,
+                    through_index,
+                    ..
+                } => (
+                    group_id,
+                    WatchItemRecord::Resync {
+                        index: through_index,
+                    },
+                ),
+                WatchItem::Event(event) => {
+                    let holder = match &event.kind {
+                        WatchEventKind::Acquired { holder_id, .. }
+                        | WatchEventKind::HandedOff { holder_id, .. }
+                        | WatchEventKind::Released { holder_id, .. } => Some(holder_id.clone()),
+                        WatchEventKind::Expired { .. } => None,
+                    };
+                    (
+                        event.group_id,
+                        WatchItemRecord::Event {
+                            index: event.index,
+                            log_time_ms: event.log_time_ms,
+                            resource: event.key.resource_id.clone(),
+                            kind: event.kind.as_str().to_string(),
+                            holder,
+                            token: event.kind.fencing_token(),
+                        },
+                    )
+                }
+            };
+            set.sink.send(WorkerLine::Watch(record(group, item))).await;
+        }
+        cursor = watch.cursor().clone();
+    }
 }
 
 /// A grant as the history records it.
@@ -665,6 +824,10 @@ impl Task {
             self.acquire_in_session(resource).await;
             return;
         }
+        if roll < 0.35 {
+            self.acquire_waiting(resource).await;
+            return;
+        }
         let request_id = self.new_request_id();
         let record = self
             .perform(
@@ -675,6 +838,21 @@ impl Task {
                 None,
             )
             .await;
+        // A replayed grant (no window) is renewed at once to learn a deadline.
+        let renew_at_ns = match record.outcome {
+            Outcome::Granted {
+                safe_deadline_ns, ..
+            } if safe_deadline_ns > record.complete_ns.unwrap_or(0) => {
+                record.invoke_ns + self.set.workload.ttl_ms * 1_000_000 / 3
+            }
+            _ => 0,
+        };
+        self.hold_granted(resource, &record, renew_at_ns).await;
+    }
+
+    /// Holds the lease `record` was granted (renewing it first at `renew_at_ns`), or pauses
+    /// when it got none.
+    async fn hold_granted(&mut self, resource: String, record: &OpRecord, renew_at_ns: Nanos) {
         match record.outcome {
             Outcome::Granted {
                 lease,
@@ -688,12 +866,7 @@ impl Task {
                     holder: self.spec.holder.clone(),
                     token,
                     deadline_ns: safe_deadline_ns,
-                    // A replayed grant (no window) is renewed at once to learn a deadline.
-                    renew_at_ns: if safe_deadline_ns > record.complete_ns.unwrap_or(0) {
-                        record.invoke_ns + self.set.workload.ttl_ms * 1_000_000 / 3
-                    } else {
-                        0
-                    },
+                    renew_at_ns,
                     session: None,
                 });
             }
@@ -768,6 +941,115 @@ impl Task {
         )
         .await;
         self.held = None;
+    }
+
+    /// Options of a wait for `resource` as this task.
+    fn wait_options(&self, resource: &str, wait_ms: u64) -> WaitOptions {
+        let mut options = WaitOptions::new(
+            self.set.workload.tenant.clone(),
+            resource.to_string(),
+            self.spec.holder.clone(),
+            self.ttl(),
+            Duration::from_millis(wait_ms),
+        );
+        // The grant is recorded as the hand-off answered it; the task renews it at once itself.
+        options.renew_after_park = false;
+        options
+    }
+
+    /// Waits for `resource` in its FIFO queue: joins it without parking (learning its place),
+    /// then parks until the grant or the end of the wait, with the same request id. Recorded as
+    /// one Acquire with its [`WaitRecord`].
+    async fn acquire_waiting(&mut self, resource: String) {
+        let ttl_ms = self.set.workload.ttl_ms;
+        let wait_ms = self.rng.random_range(ttl_ms / 2..=ttl_ms * 2);
+        let request_id = self.new_request_id();
+        let call = Call::AcquireWait {
+            resource: resource.clone(),
+            wait_ms,
+        };
+        let mut record = self.open_record(&call, Some(request_id.clone()), None);
+        self.set.sink.send(WorkerLine::Invoke(record.clone())).await;
+        let options = self.wait_options(&resource, wait_ms);
+        // Join the queue (or get the resource at once), retrying the same request id.
+        let queued = loop {
+            record.attempts += 1;
+            match self.set.client.wait_enqueue(&options, &request_id).await {
+                Ok(WaitStep::Granted(grant)) => {
+                    record.outcome = granted_outcome(&grant, &self.set.clock);
+                    record.complete_ns = Some(self.set.clock.completed_ns());
+                    break None;
+                }
+                Ok(WaitStep::Queued(receipt)) => break Some(receipt),
+                Err(error) => match classify_error(&error) {
+                    Attempt::Definite(outcome) => {
+                        record.outcome = outcome;
+                        record.complete_ns = Some(self.set.clock.completed_ns());
+                        break None;
+                    }
+                    Attempt::Final(error) => {
+                        record.outcome = Outcome::Unknown { error };
+                        break None;
+                    }
+                    Attempt::Retry(error) => {
+                        if self.past_resolve_deadline() {
+                            record.outcome = Outcome::Unknown { error };
+                            break None;
+                        }
+                        self.pause(50, 200).await;
+                    }
+                },
+            }
+        };
+        if let Some(receipt) = queued {
+            record.wait = Some(WaitRecord {
+                wait_ms,
+                queued_at_ms: Some(receipt.queued_at_ms),
+                wait_until_ms: Some(receipt.wait_until_ms),
+                position: Some(receipt.position),
+            });
+            // Park until the wait ends there. The library's own deadline is set well past the
+            // queue's (a retry's `wait_ms` does not change the wait), so the queue, not the
+            // library giving up and cancelling, ends the wait: a call that ends any other way
+            // (an error; the library then cancels the wait, and releases a grant that beat the
+            // cancel) is recorded without an answer.
+            let mut parked = options.clone();
+            parked.wait = Duration::from_millis(wait_ms) + PARKED_WAIT_EXTRA;
+            parked.request_id = Some(request_id.clone());
+            let parked_at = self.set.clock.now_ns();
+            record.attempts += 1;
+            match self.set.client.acquire_wait(parked).await {
+                Ok(grant) => {
+                    record.outcome = granted_outcome(&grant, &self.set.clock);
+                    record.complete_ns = Some(self.set.clock.completed_ns());
+                }
+                Err(error) => {
+                    let gave_up = self.set.clock.now_ns().saturating_sub(parked_at)
+                        >= (wait_ms + PARKED_WAIT_EXTRA_MS) * 1_000_000;
+                    match classify_error(&error) {
+                        Attempt::Definite(outcome) if !gave_up => {
+                            record.outcome = outcome;
+                            record.complete_ns = Some(self.set.clock.completed_ns());
+                        }
+                        _ => {
+                            record.outcome = Outcome::Unknown {
+                                error: error.to_string(),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if record.outcome.is_definite() {
+            if self.replayable.len() >= REPLAYABLE_MAX {
+                self.replayable.remove(0);
+            }
+            self.replayable.push((record.id, call, request_id));
+        }
+        self.set.sink.send(WorkerLine::Op(record.clone())).await;
+        // The grant's window counts from the first send, up to a park ago: renew at once for a
+        // window of its own.
+        self.hold_granted(resource, &record, 0).await;
     }
 
     /// Reads the held lease's resource.
@@ -885,6 +1167,7 @@ impl Task {
             ttl_ms: self.set.workload.ttl_ms,
             new_holder: None,
             replay_of: None,
+            wait: None,
             invoke_ns: clock.to_ns(kept.sent_at),
             complete_ns: Some(clock.to_completion_ns(kept.confirmed_at)),
             attempts: 1,
@@ -1018,15 +1301,15 @@ impl Task {
         self.perform(call, Some(request_id), Some(original)).await;
     }
 
-    /// Calls until a definite answer (or, once stopping, the resolve deadline); records it.
-    async fn perform(
-        &mut self,
-        call: Call,
+    /// The record of `call`, before it is sent (its outcome `Unknown`).
+    fn open_record(
+        &self,
+        call: &Call,
         request_id: Option<String>,
         replay_of: Option<u64>,
     ) -> OpRecord {
         let resource = call.resource().to_string();
-        let mut record = OpRecord {
+        OpRecord {
             id: self.spec.id_base | self.set.next_id.fetch_add(1, Ordering::Relaxed),
             client: self.spec.name.clone(),
             holder: call
@@ -1049,18 +1332,37 @@ impl Task {
                 }
                 OpKind::Release | OpKind::Get | OpKind::SessionClose => 0,
             },
-            new_holder: match &call {
+            new_holder: match call {
                 Call::Transfer { to, .. } => Some(to.clone()),
                 _ => None,
             },
             replay_of,
+            wait: match call {
+                Call::AcquireWait { wait_ms, .. } => Some(WaitRecord {
+                    wait_ms: *wait_ms,
+                    queued_at_ms: None,
+                    wait_until_ms: None,
+                    position: None,
+                }),
+                _ => None,
+            },
             invoke_ns: self.set.clock.now_ns(),
             complete_ns: None,
             attempts: 0,
             outcome: Outcome::Unknown {
                 error: "no answer recorded".into(),
             },
-        };
+        }
+    }
+
+    /// Calls until a definite answer (or, once stopping, the resolve deadline); records it.
+    async fn perform(
+        &mut self,
+        call: Call,
+        request_id: Option<String>,
+        replay_of: Option<u64>,
+    ) -> OpRecord {
+        let mut record = self.open_record(&call, request_id.clone(), replay_of);
         self.set.sink.send(WorkerLine::Invoke(record.clone())).await;
         let (outcome, complete_ns) = loop {
             record.attempts += 1;
@@ -1256,6 +1558,28 @@ impl Task {
                             Err(error) => classify_error(&error),
                         }
                     }
+                    Err(error) => classify_error(&error),
+                }
+            }
+            Call::AcquireWait { resource, wait_ms } => {
+                let Some(request_id) = request_id else {
+                    return Attempt::Final("no request id".into());
+                };
+                match self
+                    .set
+                    .client
+                    .wait_enqueue(&self.wait_options(resource, *wait_ms), request_id)
+                    .await
+                {
+                    Ok(WaitStep::Granted(grant)) => {
+                        Attempt::Definite(granted_outcome(&grant, &self.set.clock))
+                    }
+                    // A probe of a wait that ended must find its end, never a new place: record
+                    // the place as the answer (the checker compares it with the original).
+                    Ok(WaitStep::Queued(_)) => Attempt::Definite(Outcome::Refused {
+                        code: "QUEUED".into(),
+                        holder: None,
+                    }),
                     Err(error) => classify_error(&error),
                 }
             }

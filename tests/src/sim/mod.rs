@@ -61,8 +61,8 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::checker::{self, CheckConfig, Property, Violation};
 use crate::fencing::SharedFence;
-use crate::harness::workload::{Fence, Sink, TaskSet, TaskSpec, WorkClock, Workload};
-use crate::history::{FaultEvent, History, Nanos, OpRecord};
+use crate::harness::workload::{Fence, Sink, TaskSet, TaskSpec, WorkClock, Workload, run_watcher};
+use crate::history::{FaultEvent, History, Nanos, OpRecord, WatchRecord};
 use probe::{Probe, Registry};
 
 /// The port every node serves on (peers and clients).
@@ -153,6 +153,12 @@ pub struct SimReport {
     pub steps: u64,
     /// Operations the checker judged.
     pub ops_checked: u64,
+    /// Hand-offs to waiters whose queue place was known (judged for FIFO order and liveness).
+    #[serde(default)]
+    pub hand_offs_judged: u64,
+    /// Watch events the checker judged.
+    #[serde(default)]
+    pub watch_events_judged: u64,
     /// Leader changes the probe saw.
     pub elections: u64,
     /// Replica states compared at equal applied indexes.
@@ -1538,6 +1544,7 @@ async fn run_mover(
 /// What the client hosts record.
 struct Clients {
     ops: Arc<Mutex<BTreeMap<u64, OpRecord>>>,
+    watch: Arc<Mutex<Vec<WatchRecord>>>,
     fence: SharedFence,
     task_names: Vec<String>,
 }
@@ -1556,6 +1563,7 @@ fn add_clients(
     ),
 ) -> Clients {
     let ops: Arc<Mutex<BTreeMap<u64, OpRecord>>> = Arc::default();
+    let watch_records: Arc<Mutex<Vec<WatchRecord>>> = Arc::default();
     let fence = SharedFence::default();
     let endpoints: Vec<Endpoint> = (1..=options.nodes)
         .map(|id| Endpoint {
@@ -1582,7 +1590,10 @@ fn add_clients(
         for task in 1..=options.tasks_per_client {
             task_names.push(format!("c{client}t{task}"));
         }
-        let sink = Sink::Memory(ops.clone());
+        let sink = Sink::Memory {
+            ops: ops.clone(),
+            watch: watch_records.clone(),
+        };
         let fence = fence.clone();
         let stop = stop.clone();
         let resources = resources.clone();
@@ -1622,7 +1633,13 @@ fn add_clients(
                 next_id: Arc::new(AtomicU64::new(1)),
                 rejected: Arc::new(AtomicU64::new(0)),
             };
-            let mut handles = Vec::new();
+            // One watcher per client host, reading from any replica on even hosts.
+            let mut handles = vec![tokio::spawn(run_watcher(
+                set.clone(),
+                format!("c{client}w"),
+                task_seed ^ 0x7761_7463_6800_0000,
+                client % 2 == 0,
+            ))];
             for task in 1..=tasks {
                 let name = format!("c{client}t{task}");
                 let spec = TaskSpec {
@@ -1644,6 +1661,7 @@ fn add_clients(
     }
     Clients {
         ops,
+        watch: watch_records,
         fence,
         task_names,
     }
@@ -1858,10 +1876,14 @@ fn judge(
         ops: lock(&clients.ops).values().cloned().collect(),
         writes: clients.fence.records(),
         faults: nemesis.events.clone(),
+        watch: lock(&clients.watch).clone(),
     };
     let mut trace = Xxh3::new();
     trace.update(&probe.trace_hash().to_le_bytes());
     if let Ok(bytes) = serde_json::to_vec(&history.ops) {
+        trace.update(&bytes);
+    }
+    if let Ok(bytes) = serde_json::to_vec(&history.watch) {
         trace.update(&bytes);
     }
     let heal_at_ms = options.warmup_ms + options.fault_ms;
@@ -1887,6 +1909,8 @@ fn judge(
         simulated_ms: ran.simulated_ms,
         steps: ran.steps,
         ops_checked: check.ops_checked,
+        hand_offs_judged: check.hand_offs_judged,
+        watch_events_judged: check.watch_events_judged,
         elections: probe.elections(),
         states_compared: probe.compared_states,
         late_writes: check.late_writes,

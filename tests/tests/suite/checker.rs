@@ -3,7 +3,8 @@
 
 use tenure_tests::checker::{CheckConfig, CheckReport, Property, check, check_liveness};
 use tenure_tests::history::{
-    FencedWrite, History, LeaseRef, OpKind, OpRecord, Outcome, ViewRecord, WriteRecord,
+    FencedWrite, History, LeaseRef, OpKind, OpRecord, Outcome, ViewRecord, WaitRecord,
+    WatchItemRecord, WatchRecord, WriteRecord,
 };
 
 const MS: u64 = 1_000_000;
@@ -14,6 +15,7 @@ const WINDOW: u64 = 2_890 * MS;
 struct Builder {
     ops: Vec<OpRecord>,
     writes: Vec<WriteRecord>,
+    watch: Vec<WatchRecord>,
     next: u64,
 }
 
@@ -26,6 +28,7 @@ impl Builder {
         Builder {
             ops: Vec::new(),
             writes: Vec::new(),
+            watch: Vec::new(),
             next: 1,
         }
     }
@@ -71,6 +74,7 @@ impl Builder {
                 0
             },
             replay_of,
+            wait: None,
             invoke_ns: at_ms * MS,
             complete_ns: took_ms.map(|took| (at_ms + took) * MS),
             attempts: 1,
@@ -235,6 +239,7 @@ impl Builder {
                 ops: self.ops.clone(),
                 writes: self.writes.clone(),
                 faults: Vec::new(),
+                watch: self.watch.clone(),
             },
             &CheckConfig::default(),
         )
@@ -673,6 +678,7 @@ fn a_client_without_progress_after_the_heal_is_caught() {
         ops: h.ops.clone(),
         writes: Vec::new(),
         faults: Vec::new(),
+        watch: Vec::new(),
     };
     let clients = vec!["alice".to_string(), "bob".to_string()];
     // Healed at 1.65 s: bob acquired after it; alice did nothing more.
@@ -845,4 +851,186 @@ fn another_holder_inside_a_keepalive_extended_window_is_caught() {
     let report = h.check();
     assert_caught(&report, Property::SingleHolder);
     assert_caught(&report, Property::NoLostAck);
+}
+
+/// A history of waits on "r": alice holds lease 1; bob queues at log 1100 and carol at log
+/// 1200 (both waiting until log 6000); alice releases at log 1500 and the queue hands the
+/// resource to `first` (lease 2), who releases at log 2500, handing it to the other (lease 3).
+fn wait_history(first: &str, second: &str) -> Builder {
+    let mut h = Builder::new();
+    h.acquire("alice", 1, 0, 1_000);
+    let queued_at = |name: &str| if name == "bob" { 1_100 } else { 1_200 };
+    // The waiters: asked at 100 and 200 ms, answered at their grants.
+    let first_id = h.push(
+        first,
+        OpKind::Acquire,
+        None,
+        if first == "bob" { 100 } else { 200 },
+        Some(1_500 - if first == "bob" { 100 } else { 200 } + 10),
+        granted(2, 1_500, 1_500),
+        None,
+    );
+    let second_id = h.push(
+        second,
+        OpKind::Acquire,
+        None,
+        if second == "bob" { 100 } else { 200 },
+        Some(2_500 - if second == "bob" { 100 } else { 200 } + 10),
+        granted(3, 2_500, 2_500),
+        None,
+    );
+    for (id, name) in [(first_id, first), (second_id, second)] {
+        let op = h.ops.iter_mut().find(|op| op.id == id).unwrap();
+        op.wait = Some(WaitRecord {
+            wait_ms: 5_000,
+            queued_at_ms: Some(queued_at(name)),
+            wait_until_ms: Some(queued_at(name) + 4_800),
+            position: Some(0),
+        });
+    }
+    h.release("alice", 1, 1_490, 1_500);
+    h.release(first, 2, 2_490, 2_500);
+    h.release(second, 3, 3_490, 3_500);
+    h
+}
+
+#[test]
+fn waiters_granted_in_queue_order_pass() {
+    let report = wait_history("bob", "carol").check();
+    assert_clean(&report);
+    assert_eq!(report.hand_offs_judged, 2);
+}
+
+#[test]
+fn a_hand_off_past_a_live_earlier_waiter_is_caught() {
+    assert_caught(&wait_history("carol", "bob").check(), Property::WaitQueue);
+}
+
+#[test]
+fn a_hand_off_to_a_waiter_whose_wait_ended_is_caught() {
+    let mut h = wait_history("bob", "carol");
+    // Carol's wait ended at log 2000, before the hand-off at 2500.
+    let carol = h
+        .ops
+        .iter_mut()
+        .find(|op| op.holder == "carol" && op.wait.is_some())
+        .unwrap();
+    carol.wait.as_mut().unwrap().wait_until_ms = Some(2_000);
+    assert_caught(&h.check(), Property::WaitQueue);
+}
+
+fn watch_item(watcher: &str, item: WatchItemRecord) -> WatchRecord {
+    WatchRecord {
+        watcher: watcher.into(),
+        at_ns: 0,
+        group: 3,
+        item,
+    }
+}
+
+fn event(index: u64, kind: &str, holder: Option<&str>, token: u64) -> WatchItemRecord {
+    WatchItemRecord::Event {
+        index,
+        log_time_ms: index * 100,
+        resource: "r".into(),
+        kind: kind.into(),
+        holder: holder.map(str::to_string),
+        token,
+    }
+}
+
+/// What a watcher of the [`valid_history`]-like life of "r" sees: grants 1..=3 with their
+/// ends, resuming once from its cursor (the event after the cursor comes again).
+fn watched() -> Builder {
+    let mut h = Builder::new();
+    h.acquire("alice", 1, 0, 1_000);
+    h.release("alice", 1, 500, 1_500);
+    h.acquire("bob", 2, 600, 1_600);
+    h.release("bob", 2, 700, 1_700);
+    h.acquire("carol", 3, 800, 1_800);
+    let items = [
+        WatchItemRecord::Started { index: 5 },
+        event(6, "ACQUIRED", Some("alice"), 1),
+        WatchItemRecord::Through { index: 6 },
+        event(8, "RELEASED", Some("alice"), 1),
+        event(9, "ACQUIRED", Some("bob"), 2),
+        WatchItemRecord::Through { index: 9 },
+        event(10, "RELEASED", Some("bob"), 2),
+        // The stream is dropped here and a new one resumes after 9: event 10 comes again.
+        WatchItemRecord::Resumed { after: 9 },
+        event(10, "RELEASED", Some("bob"), 2),
+        event(11, "ACQUIRED", Some("carol"), 3),
+        WatchItemRecord::Through { index: 11 },
+    ];
+    h.watch = items
+        .into_iter()
+        .map(|item| watch_item("w1", item))
+        .collect();
+    h
+}
+
+#[test]
+fn a_watch_stream_in_order_and_resumed_from_its_cursor_passes() {
+    let report = watched().check();
+    assert_clean(&report);
+    assert_eq!(report.watch_events_judged, 6);
+}
+
+#[test]
+fn a_watch_stream_with_a_missing_grant_is_caught() {
+    let mut h = watched();
+    // Bob's grant (token 2) and its release never arrive.
+    h.watch
+        .retain(|record| !matches!(record.item, WatchItemRecord::Event { token: 2, .. }));
+    let report = h.check();
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.property == Property::Watch && v.message.contains("missing")),
+        "{:#?}",
+        report.violations
+    );
+}
+
+#[test]
+fn a_grant_before_the_previous_leases_end_in_a_watch_stream_is_caught() {
+    let mut h = watched();
+    // Alice's release never arrives: bob's grant comes while her lease is still open.
+    h.watch.retain(|record| {
+        !matches!(&record.item, WatchItemRecord::Event { kind, token: 1, .. } if kind == "RELEASED")
+    });
+    let report = h.check();
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.property == Property::Watch && v.message.contains("before the end")),
+        "{:#?}",
+        report.violations
+    );
+}
+
+#[test]
+fn a_watch_event_out_of_log_order_or_unlike_the_history_is_caught() {
+    let mut h = watched();
+    // Out of order: an event before the Through it follows.
+    h.watch.push(watch_item("w1", event(7, "EXPIRED", None, 3)));
+    // Unlike the history: a second watcher says token 2 went to dave.
+    h.watch
+        .push(watch_item("w2", WatchItemRecord::Started { index: 8 }));
+    h.watch
+        .push(watch_item("w2", event(9, "ACQUIRED", Some("dave"), 2)));
+    let report = h.check();
+    let messages: Vec<&str> = report
+        .violations
+        .iter()
+        .filter(|v| v.property == Property::Watch)
+        .map(|v| v.message.as_str())
+        .collect();
+    assert!(
+        messages.iter().any(|m| m.contains("not after the Through")),
+        "{messages:#?}"
+    );
+    assert!(messages.iter().any(|m| m.contains("dave")), "{messages:#?}");
 }

@@ -283,6 +283,27 @@ fn each_negative_control_is_caught_in_simulation() {
             vec!["no-lost-ack"],
         ),
         (
+            "wait-queue-lifo",
+            NegativeControl::WaitQueueLifo,
+            None,
+            vec![ClockRate],
+            vec!["wait-queue"],
+        ),
+        (
+            "hand-off-to-dead-waiters",
+            NegativeControl::HandOffToDeadWaiters,
+            None,
+            vec![ClockRate],
+            vec!["wait-queue"],
+        ),
+        (
+            "watch-drops-events",
+            NegativeControl::WatchDropsEvents,
+            None,
+            vec![ClockRate],
+            vec!["watch"],
+        ),
+        (
             "out-of-bound-drift",
             NegativeControl::None,
             Some(100_000),

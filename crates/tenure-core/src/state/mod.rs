@@ -275,14 +275,10 @@ impl LeaseStateMachine {
             .by_expiry
             .first()
             .map(|&(expires_at_ms, _)| expires_at_ms);
-        [
-            lease,
-            self.next_session_work_ms(),
-            self.waits.next_deadline_ms(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        [lease, self.next_session_work_ms(), self.next_wait_end_ms()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Counters describing the state.
@@ -1018,7 +1014,7 @@ impl LeaseStateMachine {
             let lease_at = due(self.by_expiry.first());
             let session_at = due(self.sessions.by_expiry.first());
             let ending_at = due(self.sessions.ending.first());
-            let waiter_at = self.waits.next_deadline_ms().filter(|&at| at <= now_ms);
+            let waiter_at = self.next_wait_end_ms().filter(|&at| at <= now_ms);
             let Some(next_at) = [ending_at, session_at, lease_at, waiter_at]
                 .into_iter()
                 .flatten()

@@ -139,7 +139,23 @@ impl WaitQueues {
     }
 }
 
+/// How late the negative control [`NegativeControl::HandOffToDeadWaiters`] drops a waiter whose
+/// wait has passed (so hand-offs in between reach it).
+const DEAD_WAITER_KEPT_MS: u64 = 5_000;
+
 impl LeaseStateMachine {
+    /// When the next queued wait ends (an Expire entry then drops it).
+    pub(crate) fn next_wait_end_ms(&self) -> Option<u64> {
+        let end = self.waits.next_deadline_ms()?;
+        if self
+            .negative_control
+            .breaks(NegativeControl::HandOffToDeadWaiters)
+        {
+            return Some(end.saturating_add(DEAD_WAITER_KEPT_MS));
+        }
+        Some(end)
+    }
+
     /// An operation whose request id is a queued wait's: a retried AcquireWait gets its current
     /// position; anything else (another request) the request-id conflict. `None` when no wait
     /// with that request id is queued on the resource.
