@@ -484,6 +484,9 @@ impl NodeShared {
         ops: Vec<LeaseOp>,
         batch: bool,
     ) -> Result<ResponseBody, WireError> {
+        // A parked wait answers within the caller's timeout counted from here, not from after
+        // the proposal (which may itself take much of it).
+        let started = Instant::now();
         let mut group: Option<u32> = None;
         let mut acquire = false;
         for op in &ops {
@@ -553,7 +556,8 @@ impl NodeShared {
                     Ok(outcomes) => {
                         // A parked wait holds no admission slot: it costs only its registration.
                         drop(admitted);
-                        let outcomes = park_queued(outcomes, registration, &ctx).await;
+                        let time_left = ctx.timeout.saturating_sub(started.elapsed());
+                        let outcomes = park_queued(outcomes, registration, time_left).await;
                         return lease_body(group, outcomes, batch);
                     }
                     Err(error) if error.code == ErrorCode::NotLeader => match fallback {
@@ -684,11 +688,12 @@ const PARK_ANSWER_MARGIN: Duration = Duration::from_millis(300);
 
 /// An AcquireWait answered `Queued`: parks the call until its wait ends (answered with the grant
 /// a hand-off made, or why the wait ended), or until its request's time is nearly up (answered
-/// with the position: the client retries the same request id).
+/// with the position: the client retries the same request id). `time_left`: what is left of
+/// the caller's timeout.
 async fn park_queued(
     outcomes: Vec<LeaseOutcome>,
     registration: Option<Registration>,
-    ctx: &RequestContext,
+    time_left: Duration,
 ) -> Vec<LeaseOutcome> {
     let Some(mut registration) = registration else {
         return outcomes;
@@ -704,7 +709,7 @@ async fn park_queued(
     };
     let wait_left =
         Duration::from_millis(receipt.wait_until_ms.saturating_sub(receipt.log_time_ms));
-    let park = (wait_left + WAIT_END_SLACK).min(ctx.timeout.saturating_sub(PARK_ANSWER_MARGIN));
+    let park = (wait_left + WAIT_END_SLACK).min(time_left.saturating_sub(PARK_ANSWER_MARGIN));
     match registration.wait(park).await {
         Some(answer) => vec![LeaseOutcome {
             result: answer,

@@ -9,8 +9,9 @@
 //! whose park time ends first is answered with its queue position, and its client retries the
 //! same request id (which finds the grant, the end of the wait, or the position again).
 //!
-//! Bounded: at most [`PARKED_WAITS_MAX`] calls are parked per node; beyond, a queued call is
-//! answered with its position at once. Nothing here is replicated state: losing it (a restart)
+//! Bounded: at most [`PARKED_WAITS_MAX`] calls are parked per node, and
+//! [`PARKED_PER_WAIT_MAX`] per wait (the oldest leaves for a newer retry); beyond, a queued call
+//! is answered with its position at once. Nothing here is replicated state: losing it (a restart)
 //! costs a retry, never a grant.
 //!
 //! Must not depend on: the transport or the request path (it only sees applied outputs).
@@ -26,6 +27,12 @@ use crate::metrics as m;
 
 /// Most calls parked on one node at once.
 pub(crate) const PARKED_WAITS_MAX: usize = 65_536;
+
+/// Most calls parked on one wait (one request id): a client retrying it while earlier attempts
+/// are still parked cannot pile calls up. Beyond it the oldest is answered at once (with the
+/// position) to make room. (The waits themselves are bounded per resource and per tenant by the
+/// state machine, so this bounds every tenant's parked calls too.)
+pub(crate) const PARKED_PER_WAIT_MAX: usize = 4;
 
 /// What a parked call is answered with: the grant a hand-off made, or why its wait ended.
 pub(crate) type WaitAnswer = Result<LeaseReply, LeaseError>;
@@ -69,7 +76,13 @@ impl WaitRegistry {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = oneshot::channel();
-        parked.entry(key.clone()).or_default().push((id, sender));
+        let calls = parked.entry(key.clone()).or_default();
+        if calls.len() >= PARKED_PER_WAIT_MAX {
+            // Dropping its sender ends the oldest call's park (it answers with the position).
+            calls.remove(0);
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+        calls.push((id, sender));
         let count = self.count.fetch_add(1, Ordering::Relaxed) + 1;
         ::metrics::gauge!(m::WAITS_PARKED).set(count as f64);
         Some(Registration {
@@ -203,6 +216,23 @@ mod tests {
                 previous_fencing_token: None,
             }],
         }
+    }
+
+    #[tokio::test]
+    async fn one_wait_parks_a_bounded_number_of_calls_the_oldest_leaving_first() {
+        let registry = WaitRegistry::new();
+        let mut calls: Vec<Registration> = (0..PARKED_PER_WAIT_MAX)
+            .map(|_| registry.register(key("a")).unwrap())
+            .collect();
+        assert_eq!(registry.parked(), PARKED_PER_WAIT_MAX);
+        // One more retry of the same wait: the oldest call is answered at once (its position).
+        let _newest = registry.register(key("a")).unwrap();
+        assert_eq!(registry.parked(), PARKED_PER_WAIT_MAX);
+        assert_eq!(calls[0].wait(Duration::from_secs(5)).await, None);
+        drop(calls.remove(0));
+        assert_eq!(registry.parked(), PARKED_PER_WAIT_MAX);
+        drop(calls);
+        assert_eq!(registry.parked(), 1);
     }
 
     #[tokio::test]

@@ -42,6 +42,7 @@ use crate::command::{
     WaitCancelRequest, WaitEnded, WaitLease,
 };
 use crate::error::{LeaseError, QuotaKind, WaitEndReason};
+use crate::ids::SessionId;
 use crate::limits::TenantPolicy;
 use crate::negative::NegativeControl;
 use crate::validate::{validate_holder_id, validate_request_id};
@@ -75,6 +76,9 @@ pub(crate) struct WaitQueues {
     pub(crate) by_deadline: BTreeSet<(u64, u64)>,
     /// Waiters per tenant index (derived).
     pub(crate) per_tenant: Vec<u64>,
+    /// `(tenant, session, sequence)` of every waiter bound to a session (derived): they leave
+    /// the queues when their session's record ends.
+    pub(crate) by_session: BTreeSet<(u32, u128, u64)>,
     pub(crate) next_sequence: u64,
     /// Waits the entry being applied ended; `apply` moves them into its output. Not state.
     pub(crate) ended: Vec<WaitEnded>,
@@ -87,6 +91,7 @@ impl WaitQueues {
             queues: HashMap::with_hasher(hash_builder),
             by_deadline: BTreeSet::new(),
             per_tenant: Vec::new(),
+            by_session: BTreeSet::new(),
             next_sequence: 1,
             ended: Vec::new(),
         }
@@ -111,6 +116,10 @@ impl WaitQueues {
             self.per_tenant.resize(tenant + 1, 0);
         }
         self.per_tenant[tenant] += 1;
+        if let WaitLease::Session { session_id } = waiter.lease {
+            self.by_session
+                .insert((waiter.tenant, session_id.0, sequence));
+        }
         self.waiters.insert(sequence, waiter);
     }
 
@@ -124,6 +133,10 @@ impl WaitQueues {
             }
         }
         self.by_deadline.remove(&(waiter.wait_until_ms, sequence));
+        if let WaitLease::Session { session_id } = waiter.lease {
+            self.by_session
+                .remove(&(waiter.tenant, session_id.0, sequence));
+        }
         if let Some(count) = self.per_tenant.get_mut(waiter.tenant as usize) {
             *count = count.saturating_sub(1);
         }
@@ -382,13 +395,32 @@ impl LeaseStateMachine {
             &request.key.resource_id,
             &request.request_id,
         );
-        let granted = self
-            .dedup
-            .lookup_identity(&packed, now_ms, &self.limits)
-            .and_then(|record| match &record.outcome {
-                Ok(LeaseReply::Acquired(grant)) => Some(grant.clone()),
-                _ => None,
-            });
+        let record = self.dedup.lookup_identity(&packed, now_ms, &self.limits);
+        let unknown = record.is_none();
+        let granted = record.and_then(|record| match &record.outcome {
+            Ok(LeaseReply::Acquired(grant)) => Some(grant.clone()),
+            _ => None,
+        });
+        if unknown
+            && self
+                .dedup
+                .reserve_one(&packed, now_ms, &self.limits)
+                .is_ok()
+        {
+            // The group has never seen the wait (or forgot it): the cancel came first, its wait
+            // may still be on its way (an attempt its client gave up on). A tombstone under the
+            // wait's request id makes that wait, if it comes, a request-id conflict instead of
+            // a place in the queue that nobody waits for (and a grant nobody would use, held
+            // until its ttl or its session ends). Best effort: with the request-id table full,
+            // no tombstone.
+            let op = LeaseOp::WaitCancel(request.clone());
+            let fingerprint = dedup::fingerprint(&op, &mut Vec::new());
+            let cancelled = LeaseError::WaitEnded {
+                reason: WaitEndReason::Cancelled,
+            };
+            self.dedup
+                .record(&packed, fingerprint, now_ms, Err(cancelled));
+        }
         Ok(LeaseReply::WaitCancelled(WaitCancelReceipt {
             cancelled: false,
             granted,
@@ -570,6 +602,27 @@ impl LeaseStateMachine {
         self.end_lease(slot);
     }
 
+    /// The record of `session_id` ended (expired or closed): its waiters leave their queues now
+    /// (WAIT_ENDED, session ended) instead of holding places until a hand-off skips them or
+    /// their wait passes.
+    pub(crate) fn end_session_waiters(&mut self, tenant: u32, session_id: SessionId) {
+        if self.waits.by_session.is_empty() {
+            return;
+        }
+        let bound: Vec<u64> = self
+            .waits
+            .by_session
+            .range((tenant, session_id.0, 0)..=(tenant, session_id.0, u64::MAX))
+            .map(|&(_, _, sequence)| sequence)
+            .collect();
+        for sequence in bound {
+            if let Some(waiter) = self.waits.remove(sequence) {
+                let reason = WaitEndReason::SessionEnded;
+                self.end_wait(waiter, Err(LeaseError::WaitEnded { reason }), None);
+            }
+        }
+    }
+
     /// Drops the waiter whose wait ends first (due): WAIT_ENDED, timed out.
     pub(crate) fn expire_front_waiter(&mut self) {
         let Some(&(_, sequence)) = self.waits.by_deadline.first() else {
@@ -619,12 +672,30 @@ impl LeaseStateMachine {
                 {
                     return Err(format!("waiter {sequence} missing from the deadline index"));
                 }
+                if let WaitLease::Session { session_id } = waiter.lease
+                    && !waits
+                        .by_session
+                        .contains(&(waiter.tenant, session_id.0, *sequence))
+                {
+                    return Err(format!("waiter {sequence} missing from the session index"));
+                }
                 let Some(count) = per_tenant.get_mut(waiter.tenant as usize) else {
                     return Err(format!("waiter {sequence}: unknown tenant"));
                 };
                 *count += 1;
                 queued += 1;
             }
+        }
+        let session_bound = waits
+            .waiters
+            .values()
+            .filter(|w| matches!(w.lease, WaitLease::Session { .. }))
+            .count();
+        if waits.by_session.len() != session_bound {
+            return Err(format!(
+                "{session_bound} waiters bound to sessions, {} in the session index",
+                waits.by_session.len()
+            ));
         }
         if queued != waits.waiters.len() || waits.by_deadline.len() != waits.waiters.len() {
             return Err(format!(

@@ -381,9 +381,10 @@ impl LeaseStateMachine {
         let indexed = record.indexed_expiry_ms;
         record.status = status;
         record.expires_at_ms = ended_at_ms;
-        let (tenant, bound) = (record.tenant, record.bound_leases);
+        let (tenant, bound, session_id) = (record.tenant, record.bound_leases, record.session_id);
         self.sessions.by_expiry.remove(&(indexed, slot));
         self.tenant_sessions_add(tenant, -1);
+        self.end_session_waiters(tenant, session_id);
         if bound > 0 {
             self.sessions.ending.insert((ended_at_ms, slot));
         } else {

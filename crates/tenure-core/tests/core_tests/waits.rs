@@ -194,24 +194,35 @@ fn dead_waiters_are_skipped_and_timeouts_end_waits() {
     let mut h = harness();
     let (first, _) = lease_op(&mut h, wait_op("job", "a", ttl(5_000), 5_000, "a-1"));
     let held = granted(&first).clone();
-    // b waits in a session that will end; c waits only briefly; d waits long.
+    // b waits in a session that will end; c and e wait only briefly; d waits long.
     h.op(session_open_op(0xb, "b", 1_000)).result.unwrap();
     let session = WaitLease::Session {
         session_id: SessionId(0xb),
     };
     queued(&lease_op(&mut h, wait_op("job", "b", session, 9_000, "b-1")).0);
     queued(&lease_op(&mut h, wait_op("job", "c", ttl(1_000), 1_500, "c-1")).0);
+    queued(&lease_op(&mut h, wait_op("job", "e", ttl(1_000), 2_000, "e-1")).0);
     queued(&lease_op(&mut h, wait_op("job", "d", ttl(1_000), 9_000, "d-1")).0);
 
-    // The session ends (closed); c's wait passes; an Expire entry drops c (timed out).
-    h.op(LeaseOp::SessionClose(SessionRequest {
-        tenant_id: TENANT.to_owned(),
-        group_id: GROUP,
-        session_id: SessionId(0xb),
-        owner_id: "b".to_owned(),
-    }))
-    .result
-    .unwrap();
+    // The session ends (closed): b's wait ends with it, in the same apply.
+    let (_, out) = lease_op(
+        &mut h,
+        LeaseOp::SessionClose(SessionRequest {
+            tenant_id: TENANT.to_owned(),
+            group_id: GROUP,
+            session_id: SessionId(0xb),
+            owner_id: "b".to_owned(),
+        }),
+    );
+    assert_eq!(out.waits_ended.len(), 1);
+    assert_eq!(out.waits_ended[0].holder_id, "b");
+    assert_eq!(
+        out.waits_ended[0].outcome,
+        Err(LeaseError::WaitEnded {
+            reason: WaitEndReason::SessionEnded
+        })
+    );
+    // c's wait passes; an Expire entry drops c (timed out).
     h.advance(1_500);
     let out = expire(&mut h);
     assert_eq!(out.waits_ended.len(), 1);
@@ -227,18 +238,20 @@ fn dead_waiters_are_skipped_and_timeouts_end_waits() {
     assert!(retry.replayed);
     assert_eq!(retry.result.unwrap_err().code(), ErrorCode::AlreadyHeld);
 
-    // The release skips b (its session ended) and hands the resource to d.
+    // e's wait passes too, with no Expire entry yet: the release skips e (dead) and hands the
+    // resource to d.
+    h.advance(600);
     let (_, out) = lease_op(&mut h, release_op("job", &held, "a", "a-rel"));
     let ended: Vec<_> = out
         .waits_ended
         .iter()
         .map(|w| (w.holder_id.as_str(), w.outcome.is_ok()))
         .collect();
-    assert_eq!(ended, [("b", false), ("d", true)]);
+    assert_eq!(ended, [("e", false), ("d", true)]);
     assert_eq!(
         out.waits_ended[0].outcome,
         Err(LeaseError::WaitEnded {
-            reason: WaitEndReason::SessionEnded
+            reason: WaitEndReason::TimedOut
         })
     );
     assert_eq!(h.get("job").unwrap().holder_id, "d");
@@ -276,6 +289,40 @@ fn a_session_waiter_gets_a_lease_bound_to_its_session() {
     .result
     .unwrap();
     assert_eq!(h.get("job").unwrap().status, LeaseStatus::Expired);
+}
+
+#[test]
+fn a_session_waiter_leaves_the_queue_when_its_session_ends() {
+    let mut h = harness();
+    let (first, _) = lease_op(&mut h, wait_op("job", "a", ttl(5_000), 5_000, "a-1"));
+    granted(&first);
+    h.op(session_open_op(0xb, "b", 1_000)).result.unwrap();
+    let session = WaitLease::Session {
+        session_id: SessionId(0xb),
+    };
+    queued(&lease_op(&mut h, wait_op("job", "b", session, 9_000, "b-1")).0);
+    queued(&lease_op(&mut h, wait_op("job", "c", ttl(1_000), 9_000, "c-1")).0);
+    // b's session closes: its wait ends in the same apply, and c moves up.
+    let (_, out) = lease_op(
+        &mut h,
+        LeaseOp::SessionClose(SessionRequest {
+            tenant_id: TENANT.to_owned(),
+            group_id: GROUP,
+            session_id: SessionId(0xb),
+            owner_id: "b".to_owned(),
+        }),
+    );
+    assert_eq!(out.waits_ended.len(), 1, "{:?}", out.waits_ended);
+    assert_eq!(out.waits_ended[0].request_id, "b-1");
+    assert_eq!(
+        out.waits_ended[0].outcome,
+        Err(LeaseError::WaitEnded {
+            reason: WaitEndReason::SessionEnded
+        })
+    );
+    let (c, _) = lease_op(&mut h, wait_op("job", "c", ttl(1_000), 9_000, "c-1"));
+    assert_eq!(queued(&c).position, 0);
+    h.state.check_invariants().unwrap();
 }
 
 #[test]
@@ -329,6 +376,34 @@ fn cancel_leaves_the_queue_and_reports_a_grant_that_came_first() {
             granted: Some(grant)
         }))
     );
+}
+
+#[test]
+fn a_cancel_that_comes_before_its_wait_keeps_the_late_wait_out_of_the_queue() {
+    let mut h = harness();
+    let (first, _) = lease_op(&mut h, wait_op("job", "a", ttl(5_000), 5_000, "a-1"));
+    granted(&first);
+    // d gave up on an attempt still on its way: its cancel is applied first.
+    let (cancel, out) = lease_op(&mut h, cancel_op("job", "d", "d-1"));
+    assert_eq!(
+        cancel.result,
+        Ok(LeaseReply::WaitCancelled(WaitCancelReceipt {
+            cancelled: false,
+            granted: None
+        }))
+    );
+    assert!(out.waits_ended.is_empty());
+    // The wait arrives late: refused, not queued (nobody waits for it any more).
+    let (late, out) = lease_op(&mut h, wait_op("job", "d", ttl(1_000), 9_000, "d-1"));
+    assert_eq!(
+        late.result.unwrap_err().code(),
+        ErrorCode::InvalidArgument,
+        "the late wait is a request-id conflict"
+    );
+    assert!(out.waits_ended.is_empty());
+    // The queue stays empty: another waiter is first in line.
+    let (next, _) = lease_op(&mut h, wait_op("job", "e", ttl(1_000), 9_000, "e-1"));
+    assert_eq!(queued(&next).position, 0);
 }
 
 #[test]
