@@ -372,4 +372,19 @@ pub struct History {
     /// What watch streams delivered.
     #[serde(default)]
     pub watch: Vec<WatchRecord>,
+    /// What the commands `tenurectl lock` ran reported while they ran.
+    #[serde(default)]
+    pub lock_beats: Vec<LockBeat>,
+}
+
+/// One sign of life of a command `tenurectl lock` ran (it writes one every few milliseconds
+/// while it runs, from its start until it ends or is killed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockBeat {
+    /// The lock's name.
+    pub name: String,
+    /// The fencing token `tenurectl` gave the command (`TENURE_FENCING_TOKEN`).
+    pub token: u64,
+    /// When.
+    pub at_ns: Nanos,
 }

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tenure_core::NegativeControl;
+use tenure_tests::harness::locker::{LockArgs, lock_child_main};
 use tenure_tests::harness::network::NetworkRequest;
 use tenure_tests::harness::run::{KeepDir, RunConfig, RunReport, run_one};
 use tenure_tests::harness::schedule::FaultKind;
@@ -57,6 +58,16 @@ enum Cmd {
     /// Run the fencing demo's holder.
     #[command(hide = true)]
     Zombie(ZombieCliArgs),
+    /// The command a fault run's `tenurectl lock` runs: writes signs of life, then exits.
+    #[command(hide = true)]
+    LockChild {
+        /// Where the signs of life go.
+        #[arg(long)]
+        out: PathBuf,
+        /// How long it works, in milliseconds.
+        #[arg(long)]
+        hold_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -162,6 +173,13 @@ struct ClientArgs {
     resolve_timeout_ms: u64,
     #[arg(long)]
     run_tag: String,
+    /// `tenurectl`, to run `tenurectl lock` beside the tasks (with --lock-name and --lock-dir).
+    #[arg(long, requires_all = ["lock_name", "lock_dir"])]
+    lock_tenurectl: Option<PathBuf>,
+    #[arg(long)]
+    lock_name: Option<String>,
+    #[arg(long)]
+    lock_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -208,6 +226,14 @@ fn main() -> ExitCode {
                 store: args.store,
                 resolve_timeout_ms: args.resolve_timeout_ms,
                 run_tag: args.run_tag,
+                lock: match (args.lock_tenurectl, args.lock_name, args.lock_dir) {
+                    (Some(tenurectl), Some(name), Some(dir)) => Some(LockArgs {
+                        tenurectl,
+                        name,
+                        dir,
+                    }),
+                    _ => None,
+                },
             })
             .map_err(anyhow::Error::new)
             .map(|()| true)
@@ -226,6 +252,9 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::new)
             .map(|()| true)
         }
+        Some(Cmd::LockChild { out, hold_ms }) => lock_child_main(&out, hold_ms)
+            .map_err(anyhow::Error::new)
+            .map(|()| true),
         None => {
             init_tracing("warn");
             run_many(&cli.runs)

@@ -30,6 +30,8 @@
 //! 8. **Watch streams** ([`Property::Watch`]): each watcher's events per group in log order,
 //!    without gaps (across resumes too), a lease's end before the resource's next grant, and
 //!    grants that agree with the history ([`queues`]).
+//! 9. **Lock commands** ([`Property::LockCommand`]): the commands `tenurectl lock` ran for one
+//!    lock never ran at once, and ran in fencing-token order ([`queues`]).
 //!
 //! Operations without a definite answer ([`Outcome::Unknown`]) are indeterminate: they may have
 //! taken effect at any time after they were invoked, or never. Only state-machine answers are
@@ -74,6 +76,8 @@ pub enum Property {
     WaitQueue,
     /// A watch stream delivered events out of order, with a gap, or unlike the history.
     Watch,
+    /// Two commands `tenurectl lock` ran for one lock ran at once, or out of token order.
+    LockCommand,
 }
 
 impl Property {
@@ -91,6 +95,7 @@ impl Property {
             Property::Amnesia => "amnesia",
             Property::WaitQueue => "wait-queue",
             Property::Watch => "watch",
+            Property::LockCommand => "lock-command",
         }
     }
 }
@@ -270,9 +275,12 @@ pub struct CheckReport {
     /// Watch events judged.
     #[serde(default)]
     pub watch_events_judged: u64,
+    /// Runs of commands `tenurectl lock` ran, judged for mutual exclusion.
+    #[serde(default)]
+    pub lock_runs_judged: u64,
 }
 
-/// Checks properties 1 to 5, 7 and 8 on a history.
+/// Checks properties 1 to 5 and 7 to 9 on a history.
 pub fn check(history: &History, config: &CheckConfig) -> CheckReport {
     let mut report = CheckReport {
         ops_checked: history.ops.len() as u64,
@@ -309,6 +317,7 @@ pub fn check(history: &History, config: &CheckConfig) -> CheckReport {
     check_writes(history, &mut report);
     report.hand_offs_judged = queues::check_wait_queues(history, &mut report.violations);
     report.watch_events_judged = queues::check_watch(history, &mut report.violations);
+    report.lock_runs_judged = queues::check_lock_commands(history, &mut report.violations);
     report
 }
 

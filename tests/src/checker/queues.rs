@@ -1,4 +1,5 @@
-//! Properties 7 and 8: wait queues and watch streams, judged from the history.
+//! Properties 7 to 9: wait queues, watch streams and the commands `tenurectl lock` runs,
+//! judged from the history.
 //!
 //! 7. **Wait queues** ([`Property::WaitQueue`]), from the Acquires that waited
 //!    ([`crate::history::WaitRecord`]) and told their place (the log time they were queued at,
@@ -22,13 +23,17 @@
 //!      of the lease granted before it, and an end names the lease last granted;
 //!    - *agreement*: the grant a stream reports under a (group, token) names the resource and
 //!      holder every other stream and every acknowledged grant of the history name.
+//! 9. **Lock commands** ([`Property::LockCommand`]), from the signs of life the commands of
+//!    `tenurectl lock` wrote while they ran ([`crate::history::LockBeat`]): two commands of one
+//!    lock never ran at once (a command's run is its first to its last beat), and they ran in
+//!    the order of their fencing tokens.
 //!
 //! Must not depend on: processes, the network, the client library.
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Property, Violation};
-use crate::history::{History, OpRecord, Outcome, WatchItemRecord, WatchRecord};
+use crate::history::{History, Nanos, OpRecord, Outcome, WatchItemRecord, WatchRecord};
 
 /// A waiter the history knows the place of.
 struct Waiter<'a> {
@@ -366,4 +371,53 @@ fn judge_event(
         )),
         _ => None,
     }
+}
+
+/// Checks property 9: per lock, the commands' runs (first to last beat, per fencing token) in
+/// token order, each ending before the next begins. The number of runs judged.
+pub(super) fn check_lock_commands(history: &History, violations: &mut Vec<Violation>) -> u64 {
+    let mut runs: BTreeMap<&str, BTreeMap<u64, (Nanos, Nanos)>> = BTreeMap::new();
+    for beat in &history.lock_beats {
+        let run = runs
+            .entry(beat.name.as_str())
+            .or_default()
+            .entry(beat.token)
+            .or_insert((beat.at_ns, beat.at_ns));
+        run.0 = run.0.min(beat.at_ns);
+        run.1 = run.1.max(beat.at_ns);
+    }
+    let origin = history
+        .lock_beats
+        .iter()
+        .map(|beat| beat.at_ns)
+        .min()
+        .unwrap_or(0);
+    let ms = |at: Nanos| at.saturating_sub(origin) as f64 / 1e6;
+    let mut judged = 0;
+    for (name, by_token) in &runs {
+        judged += by_token.len() as u64;
+        let mut previous: Option<(u64, Nanos, Nanos)> = None;
+        for (&token, &(first, last)) in by_token {
+            if let Some((earlier, earlier_first, earlier_last)) = previous
+                && first <= earlier_last
+            {
+                violations.push(Violation {
+                    property: Property::LockCommand,
+                    resource: Some((*name).to_string()),
+                    message: format!(
+                        "the command of token {token} ran from {:.1} ms to {:.1} ms, while (or \
+                         before) the command of token {earlier}, from {:.1} ms to {:.1} ms",
+                        ms(first),
+                        ms(last),
+                        ms(earlier_first),
+                        ms(earlier_last)
+                    ),
+                    ops: Vec::new(),
+                    writes: Vec::new(),
+                });
+            }
+            previous = Some((token, first, last));
+        }
+    }
+    judged
 }

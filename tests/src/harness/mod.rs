@@ -8,6 +8,8 @@
 //!   and disk faults, partitions, status.
 //! - [`workload`]: a client process (`nemesis client`): tasks using `tenure-client` on a small
 //!   contended keyspace, fenced writes, exactly-once probes, one JSON line per operation.
+//! - [`locker`]: `tenurectl lock` run again and again by a client process, its command
+//!   (`nemesis lock-child`) writing signs of life the checker judges.
 //! - [`schedule`]: the nemesis plan, a pure function of the seed.
 //! - [`run`]: one run from start to verdict, and its report.
 //! - [`zombie`]: the fencing demo's holder (`nemesis zombie`), paused between checking its
@@ -16,6 +18,7 @@
 //! Must not be a dependency of any shipped crate.
 
 pub mod cluster;
+pub mod locker;
 pub mod network;
 pub mod run;
 pub mod schedule;

@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -33,6 +34,7 @@ use tenure_server::fault_control::FaultSettings;
 
 use super::HarnessError;
 use super::cluster::{Cluster, ClusterOptions, NodeState};
+use super::locker::read_lock_beats;
 use super::network::{Network, NetworkRequest};
 use super::schedule::{Fault, FaultKind, NodeTarget, PlanShape, Step, plan};
 use super::workload::{WorkerLine, read_outcome};
@@ -49,6 +51,10 @@ const SPARE_NODES: u64 = 4;
 /// Operations one run records at most (beyond it the run fails rather than check a history with
 /// holes).
 const RECORDED_OPS_MAX: usize = 2_000_000;
+/// The lock every client process's `tenurectl lock` takes (outside the workload's keyspace).
+const LOCK_NAME: &str = "nemesis-lock";
+/// Where the lock commands' signs of life go, in the run directory.
+const LOCK_DIR: &str = "locks";
 /// Watch items kept from the clients at most.
 const RECORDED_WATCH_MAX: usize = 4_000_000;
 
@@ -101,6 +107,9 @@ pub struct RunConfig {
     pub recovery: Duration,
     /// A guarantee the nodes break on purpose: the run must then find violations.
     pub negative_control: NegativeControl,
+    /// `tenurectl`: every client process runs `tenurectl lock` on one lock beside its tasks
+    /// (`None`: no locks). [`RunConfig::new`] takes the one beside `exe`, if it is there.
+    pub tenurectl: Option<PathBuf>,
 }
 
 impl RunConfig {
@@ -118,12 +127,16 @@ impl RunConfig {
             tasks_per_process: 4,
             resources: 12,
             ttl_ms: 3_000,
-            exe,
             work_dir: None,
             keep: KeepDir::OnFailure,
             liveness_bound: Duration::from_secs(30),
             recovery: Duration::from_secs(5),
             negative_control: NegativeControl::None,
+            tenurectl: exe
+                .parent()
+                .map(|dir| dir.join("tenurectl"))
+                .filter(|path| path.is_file()),
+            exe,
         }
     }
 }
@@ -192,8 +205,9 @@ impl RunReport {
         };
         format!(
             "nemesis seed {}:{control} {} nodes, {}, {}: faults [{}]; {} elections seen; {} ops \
-             checked ({} definite, {} unknown, {} replays compared); {} fenced writes late, {} of \
-             them rejected; {} violation(s); {:.1}s",
+             checked ({} definite, {} unknown, {} replays compared); {} hand-offs judged; {} watch \
+             events judged; {} lock commands judged; {} fenced writes late, {} of them rejected; \
+             {} violation(s); {:.1}s",
             self.seed,
             self.nodes,
             self.network,
@@ -204,6 +218,9 @@ impl RunReport {
             self.check.ops_definite,
             self.ops_unknown,
             self.check.replays_compared,
+            self.check.hand_offs_judged,
+            self.check.watch_events_judged,
+            self.check.lock_runs_judged,
             self.check.late_writes,
             self.check.late_writes_rejected,
             self.violations.len(),
@@ -269,6 +286,21 @@ fn spawn_client(
         .arg(store)
         .args(["--resolve-timeout-ms", "30000"])
         .args(["--run-tag", &format!("s{:x}", config.seed)])
+        .args(match &config.tenurectl {
+            Some(tenurectl) => vec![
+                "--lock-tenurectl".into(),
+                tenurectl.clone().into_os_string(),
+                "--lock-name".into(),
+                LOCK_NAME.into(),
+                "--lock-dir".into(),
+                dir.join(LOCK_DIR).into_os_string(),
+            ],
+            None => Vec::new(),
+        })
+        // Its own process group, which `pause-client` stops whole: the client process and the
+        // `tenurectl lock` it runs (the holder itself; the lock's watchdog and command are in
+        // groups of their own).
+        .process_group(0)
         // The client library's debug lines are one per failed attempt (which node, forwarded or
         // not, why) and per connection: what a failed run's client log must show.
         .env(
@@ -325,12 +357,13 @@ fn spawn_client(
 }
 
 impl ClientProcess {
+    /// Signals the client process's group (the process and the `tenurectl lock` it runs).
     fn signal(&self, signal: rustix::process::Signal) {
         if let Some(pid) = i32::try_from(self.child.id())
             .ok()
             .and_then(rustix::process::Pid::from_raw)
         {
-            let _ = rustix::process::kill_process(pid, signal);
+            let _ = rustix::process::kill_process_group(pid, signal);
         }
     }
 
@@ -536,6 +569,8 @@ async fn run_in(
     );
 
     let store = StoreServer::start(&dir.join("store.sock"))?;
+    std::fs::create_dir_all(dir.join(LOCK_DIR))
+        .map_err(|e| HarnessError::io("creating the lock directory", e))?;
     let ops: Ops = Arc::new(Mutex::new(Recorded::default()));
     let mut clients = Vec::new();
     for number in 1..=config.client_processes {
@@ -656,6 +691,7 @@ async fn run_in(
         writes: store.records(),
         faults: lock(&shared.faults).clone(),
         watch,
+        lock_beats: read_lock_beats(&dir.join(LOCK_DIR)),
     };
     let check = checker::check(&history, &CheckConfig::default());
     violations.extend(check.violations.iter().cloned());

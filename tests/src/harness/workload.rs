@@ -83,6 +83,8 @@ pub struct WorkerArgs {
     pub resolve_timeout_ms: u64,
     /// Prefix of request ids (unique per run).
     pub run_tag: String,
+    /// Run `tenurectl lock` again and again beside the tasks.
+    pub lock: Option<super::locker::LockArgs>,
 }
 
 /// One line of a client process's output.
@@ -208,6 +210,17 @@ async fn run_worker(args: WorkerArgs) -> Result<(), HarnessError> {
             id_base: u64::from(args.process) << 40,
         };
         handles.push(tokio::spawn(set.task(spec, fence).run()));
+    }
+    if let Some(lock) = args.lock.clone() {
+        handles.push(tokio::spawn(super::locker::run_locker(
+            lock,
+            args.cluster_file.clone(),
+            args.tenant.clone(),
+            format!("{}-p{}-locker", args.run_tag, args.process),
+            args.ttl_ms,
+            args.seed ^ 0x6c6f_636b_0000_0000,
+            set.stop.clone(),
+        )));
     }
     // One watcher per process, reading from any replica in every other process.
     handles.push(tokio::spawn(run_watcher(

@@ -1877,6 +1877,7 @@ fn judge(
         writes: clients.fence.records(),
         faults: nemesis.events.clone(),
         watch: lock(&clients.watch).clone(),
+        lock_beats: Vec::new(),
     };
     let mut trace = Xxh3::new();
     trace.update(&probe.trace_hash().to_le_bytes());

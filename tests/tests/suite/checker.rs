@@ -3,7 +3,7 @@
 
 use tenure_tests::checker::{CheckConfig, CheckReport, Property, check, check_liveness};
 use tenure_tests::history::{
-    FencedWrite, History, LeaseRef, OpKind, OpRecord, Outcome, ViewRecord, WaitRecord,
+    FencedWrite, History, LeaseRef, LockBeat, OpKind, OpRecord, Outcome, ViewRecord, WaitRecord,
     WatchItemRecord, WatchRecord, WriteRecord,
 };
 
@@ -16,6 +16,7 @@ struct Builder {
     ops: Vec<OpRecord>,
     writes: Vec<WriteRecord>,
     watch: Vec<WatchRecord>,
+    lock_beats: Vec<LockBeat>,
     next: u64,
 }
 
@@ -29,6 +30,7 @@ impl Builder {
             ops: Vec::new(),
             writes: Vec::new(),
             watch: Vec::new(),
+            lock_beats: Vec::new(),
             next: 1,
         }
     }
@@ -240,6 +242,7 @@ impl Builder {
                 writes: self.writes.clone(),
                 faults: Vec::new(),
                 watch: self.watch.clone(),
+                lock_beats: self.lock_beats.clone(),
             },
             &CheckConfig::default(),
         )
@@ -679,6 +682,7 @@ fn a_client_without_progress_after_the_heal_is_caught() {
         writes: Vec::new(),
         faults: Vec::new(),
         watch: Vec::new(),
+        lock_beats: Vec::new(),
     };
     let clients = vec!["alice".to_string(), "bob".to_string()];
     // Healed at 1.65 s: bob acquired after it; alice did nothing more.
@@ -1033,4 +1037,35 @@ fn a_watch_event_out_of_log_order_or_unlike_the_history_is_caught() {
         "{messages:#?}"
     );
     assert!(messages.iter().any(|m| m.contains("dave")), "{messages:#?}");
+}
+
+fn beats(h: &mut Builder, token: u64, from_ms: u64, to_ms: u64) {
+    for at_ms in (from_ms..=to_ms).step_by(10) {
+        h.lock_beats.push(LockBeat {
+            name: "lock".into(),
+            token,
+            at_ns: at_ms * MS,
+        });
+    }
+}
+
+#[test]
+fn lock_commands_one_after_another_pass_and_overlapping_ones_are_caught() {
+    let mut h = Builder::new();
+    beats(&mut h, 4, 0, 500);
+    beats(&mut h, 7, 600, 900);
+    let report = h.check();
+    assert_clean(&report);
+    assert_eq!(report.lock_runs_judged, 2);
+    // A third command, of a higher token, starts while the second still runs.
+    beats(&mut h, 9, 850, 1_200);
+    let report = h.check();
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.property == Property::LockCommand && v.message.contains("token 9")),
+        "{:#?}",
+        report.violations
+    );
 }

@@ -133,6 +133,7 @@ fn short_fault_runs_find_no_violation() {
     let _one = one_at_a_time();
     let runtime = runtime();
     let mut failed = Vec::new();
+    let mut hand_offs = 0;
     for Case {
         seed,
         nodes,
@@ -172,6 +173,15 @@ fn short_fault_runs_find_no_violation() {
             !report.nemeses.is_empty(),
             "seed {seed}: no fault was applied"
         );
+        // Watches and `tenurectl lock` ran under the faults too (the lock needs `tenurectl`
+        // beside the nemesis binary: the workspace's test selection builds it).
+        assert!(
+            report.check.watch_events_judged > 0 && report.check.lock_runs_judged > 0,
+            "seed {seed}: {} watch events and {} lock commands judged",
+            report.check.watch_events_judged,
+            report.check.lock_runs_judged
+        );
+        hand_offs += report.check.hand_offs_judged;
         if membership {
             // The membership run proves something only when the cluster did change: a node
             // added, one replaced, one drained or removed (their preconditions depend on the
@@ -193,6 +203,7 @@ fn short_fault_runs_find_no_violation() {
         failed.is_empty(),
         "runs with violations (seed, count, kept directory): {failed:?}"
     );
+    assert!(hand_offs > 0, "no hand-off to a waiter was judged");
 }
 
 #[test]
