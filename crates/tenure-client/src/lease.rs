@@ -279,7 +279,7 @@ impl std::error::Error for TransferFailed {
 /// True for a definite refusal that changed nothing and leaves the lease with its holder: the
 /// request was invalid (for the client or the cluster) or not allowed, not one that says the
 /// lease is gone.
-fn refused_without_effect(error: &ClientError) -> bool {
+pub(crate) fn refused_without_effect(error: &ClientError) -> bool {
     match error {
         ClientError::InvalidRequest(_) => true,
         ClientError::Server {

@@ -19,6 +19,11 @@
 //! [`Client::watch`] streams the ACQUIRED, RELEASED, EXPIRED and HANDED_OFF events of a
 //! resource, a tenant or a prefix (see [`Watch`]), resumable from a cursor.
 //!
+//! Two recipes build on the wait queue and the watch: [`Election`] (campaign in the resource's
+//! FIFO queue, a [`Leadership`] with a value that `proclaim` changes, the current [`Leader`] and
+//! a [`LeaderWatch`] of its changes) and [`Mutex`] (a [`MutexGuard`] per lock, granted in queue
+//! order with increasing fencing tokens).
+//!
 //! [`Client::acquire`] returns a [`Lease`]: fencing token, ttl, and the **safe deadline** of the
 //! contract (section 5), computed from the local monotonic time the request was sent. The client
 //! renews every lease by itself, coalescing renewals that fall due together into one Batch
@@ -51,11 +56,13 @@
 mod client;
 mod config;
 mod connect;
+mod election;
 mod error;
 mod handle;
 mod keepalive;
 mod lease;
 mod link;
+mod mutex;
 mod renewer;
 mod routing;
 mod session;
@@ -67,17 +74,20 @@ pub use client::{AcquireOptions, Client, ClientStats, Grant, RoutingSnapshot, Tr
 pub use config::{
     ClientConfig, ClusterFile, Credentials, Endpoint, RenewPolicy, RetryPolicy, SafetyPolicy,
 };
+pub use election::{CampaignOptions, Election, Leader, LeaderWatch, Leadership};
 pub use error::ClientError;
 pub use handle::{LeaseState, LossReason};
 pub use lease::{Lease, TransferFailed};
 pub use link::FaultInjector;
+pub use mutex::{Mutex, MutexGuard};
 pub use routing::{LeaderEntry, NodeInfo, RoutingState};
 pub use session::{KeepAliveConfirmed, Session, SessionLease, SessionLoss};
 pub use tenure_core::{
     ClusterChange, ClusterMeta, ClusterOp, ErrorCode, ExpiryReason, FenceVerdict, LeaseGrant,
     LeaseId, LeaseStatus, LeaseView, NodeAddresses, NodeRecord, NodeState, QueuedReceipt,
     ReplayState, ReplayStatus, ResourceKey, SessionGrant, SessionId, SessionIdParseError,
-    SessionReceipt, WaitCancelReceipt, WaitEndReason, WaitLease, WatchEvent, WatchEventKind, WatchSelector,
+    SessionReceipt, WaitCancelReceipt, WaitEndReason, WaitLease, WatchEvent, WatchEventKind,
+    WatchSelector,
 };
 pub use tenure_proto::client::{
     FenceCheckResult, FollowerProgress, GetResult, GroupMembers, GroupStatus, LeaseResult,

@@ -1,12 +1,13 @@
 //! `tenurectl`: the command-line tool of tenure, for people and scripts. It acquires, renews,
 //! releases, transfers, reads and lists leases, checks fencing tokens, runs a command under a
-//! lock (`lock`, see its module), watches lease events (`watch`), and reports the cluster's status (nodes, leaders, lag), all
-//! through the `tenure-client` library over the native QUIC protocol.
+//! lock (`lock`, see its module), campaigns in or observes an election (`elect`, see its
+//! module), watches lease events (`watch`), and reports the cluster's status (nodes, leaders,
+//! lag), all through the `tenure-client` library over the native QUIC protocol.
 //!
 //! Output is aligned text (`-o table`, the default) or exactly one JSON object on stdout
 //! (`-o json`), also for errors (`{"error": {"code", "message", "retryable", ...}}`, with a
 //! one-line message on stderr as well). `watch` first prints one JSON line per event as it
-//! happens (in either mode), then its summary.
+//! happens (in either mode), then its summary; `elect` prints only its JSON event lines.
 //!
 //! Exit codes (scripts rely on them):
 //!
@@ -15,10 +16,11 @@
 //! | 0 | success (`get` of a resource without a lease is a success: status `ABSENT`) |
 //! | 1 | any other error (invalid argument, forbidden, configuration, protocol) |
 //! | 2 | usage error (bad or missing options; clap's own code) |
-//! | 3 | `ALREADY_HELD`: the resource is held by someone else (the error names the holder) |
+//! | 3 | `ALREADY_HELD`: the resource is held by someone else (the error names the holder); `lock` and `elect`: the wait ran out |
 //! | 4 | the lease is not held: `LEASE_EXPIRED`, `LEASE_MISMATCH`, `NOT_FOUND`; `check-fence`: the token is not current (the report is printed in full) |
 //! | 5 | retryable: deadline passed, cluster unreachable, `NOT_LEADER`, `UNAVAILABLE`, `OVERLOADED`, `RATE_LIMITED` |
 //! | 6 | `lock`: the lock was lost and the command was stopped (otherwise `lock` exits with the command's own status) |
+//! | 7 | `elect`: the leadership was lost (a renewal refused, or none confirmed before the safe deadline) |
 //!
 //! `acquire` takes a lease without a handle: nothing renews it after the command exits, so the
 //! caller renews it (`renew`) before its ttl runs out, or lets it expire. `safe_for_ms` is how
@@ -31,6 +33,8 @@
 
 #![allow(clippy::print_stdout)]
 
+#[path = "tenurectl_parts/elect.rs"]
+mod elect;
 #[path = "tenurectl_parts/lock.rs"]
 mod lock;
 
@@ -72,12 +76,13 @@ Exit codes:
   1  other errors (INVALID_ARGUMENT, FORBIDDEN, configuration, protocol, ...)
   2  usage error (bad or missing options)
   3  ALREADY_HELD: the resource is held by someone else (the error names the holder and its
-     remaining ttl)
+     remaining ttl); lock, elect: the wait ran out
   4  the lease is not held: LEASE_EXPIRED, LEASE_MISMATCH, NOT_FOUND
   5  retryable: deadline exceeded, cluster unreachable, NOT_LEADER, UNAVAILABLE, OVERLOADED,
      RATE_LIMITED (retry later; reuse --request-id so a retried write applies once)
   6  lock: the lock was lost and the command was stopped (otherwise `lock` exits with the
-     command's own status; -o json says which)";
+     command's own status; -o json says which)
+  7  elect: the leadership was lost (a renewal refused, or none confirmed in time)";
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -308,6 +313,44 @@ enum Command {
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
     },
+    /// Campaign in an election (with VALUE) or observe its leader (without). The leader is the
+    /// holder of the lease of NAME; its holder id is CANDIDATE#VALUE. Candidates wait in the
+    /// resource's FIFO queue. Every event is one JSON line on stdout as it happens (no summary).
+    /// Campaign: prints `elected` (name, candidate, value, fencing_token, lease_id), then holds
+    /// leadership (the lease is renewed) until SIGINT/SIGTERM or --duration-ms (resigns, prints
+    /// `resigned`, exit 0) or until it is lost (prints `lost`, exit 7); stopped while still
+    /// waiting, it leaves the queue and prints `withdrawn` (exit 0); exit 3 when --wait-ms ran
+    /// out. Observe: prints the current leader (`leader` or `no_leader`), then each change,
+    /// until --count lines, --duration-ms, or SIGINT/SIGTERM (exit 0).
+    Elect {
+        /// The election's name (a resource of --tenant).
+        name: String,
+        /// The value to announce as leader (an address, say; may be empty). Without it, observe.
+        value: Option<String>,
+        /// The tenant.
+        #[arg(long, value_name = "TENANT")]
+        tenant: String,
+        /// Campaign: the candidate id, without '#' (default: HOSTNAME-PID).
+        #[arg(long, value_name = "ID", requires = "value")]
+        candidate: Option<String>,
+        /// Campaign: the lease's ttl in milliseconds (how long a leader that dies without
+        /// resigning keeps the others waiting).
+        #[arg(long, value_name = "MS", default_value_t = 10_000,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        ttl_ms: u64,
+        /// Campaign: the longest wait to be elected, in milliseconds (at most the tenant's
+        /// largest ttl).
+        #[arg(long, value_name = "MS", default_value_t = 3_600_000,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        wait_ms: u64,
+        /// Stop after this long, in milliseconds from the start: a leader resigns, a waiting
+        /// candidate withdraws, an observer stops (default: run until SIGINT/SIGTERM).
+        #[arg(long, value_name = "MS")]
+        duration_ms: Option<u64>,
+        /// Observe: stop after this many lines.
+        #[arg(long, value_name = "N", conflicts_with = "value")]
+        count: Option<u64>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -533,8 +576,10 @@ fn main() -> ExitCode {
     let output = cli.output;
     match runtime.block_on(run(cli)) {
         Ok(report) => {
+            // A report printed as it went (`elect`) has nothing left to print.
             match output {
-                Output::Json => println!("{}", report.json),
+                Output::Json if !report.json.is_null() => println!("{}", report.json),
+                Output::Json => {}
                 Output::Table => print!("{}", report.table),
             }
             ExitCode::from(report.exit_code)
@@ -617,6 +662,36 @@ fn client_config(cli: &Cli, timeout: Duration) -> anyhow::Result<ClientConfig> {
 
 async fn execute(client: &Client, command: Command) -> anyhow::Result<Report> {
     match command {
+        Command::Elect {
+            name,
+            value,
+            tenant,
+            candidate,
+            ttl_ms,
+            wait_ms,
+            duration_ms,
+            count,
+        } => {
+            let exit_code = elect::run_elect(
+                client,
+                elect::ElectRun {
+                    tenant,
+                    name,
+                    value,
+                    candidate: candidate.unwrap_or_else(elect::default_candidate),
+                    ttl: Duration::from_millis(ttl_ms),
+                    wait: Duration::from_millis(wait_ms),
+                    duration: duration_ms.map(Duration::from_millis),
+                    count,
+                },
+            )
+            .await?;
+            Ok(Report {
+                json: Value::Null,
+                table: String::new(),
+                exit_code,
+            })
+        }
         Command::Lock {
             name,
             tenant,
@@ -908,7 +983,10 @@ async fn session_command(client: &Client, command: SessionCommand) -> anyhow::Re
             group,
             resource,
         } => {
-            let session_id = session.unwrap_or_else(|| SessionId(rand::random::<u128>()));
+            let session_id = session.unwrap_or_else(|| {
+                use rand::{Rng as _, SeedableRng as _};
+                SessionId(rand::rngs::SmallRng::from_os_rng().random::<u128>())
+            });
             let mut groups: BTreeSet<u32> = group.into_iter().collect();
             for resource in resource {
                 groups.insert(

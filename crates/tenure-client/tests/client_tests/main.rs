@@ -4,6 +4,7 @@
 
 mod client_library;
 mod fence_check;
+mod recipes;
 mod sessions;
 mod transfer;
 mod waits;
