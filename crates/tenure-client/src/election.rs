@@ -260,8 +260,7 @@ impl Election {
             options.wait,
         );
         wait.request_id = options.request_id;
-        let grant = self.client.acquire_wait(wait).await?;
-        let lease = self.client.adopt_grant(grant).await;
+        let lease = self.client.acquire_wait_lease(wait).await?;
         Ok(Leadership {
             client: self.client.clone(),
             lease,

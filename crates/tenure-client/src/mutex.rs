@@ -96,9 +96,8 @@ impl Mutex {
             ttl,
             wait,
         );
-        let grant = self.client.acquire_wait(options).await?;
         Ok(MutexGuard {
-            lease: self.client.adopt_grant(grant).await,
+            lease: self.client.acquire_wait_lease(options).await?,
         })
     }
 

@@ -21,6 +21,7 @@ use tenure_proto::client::{LeaseResult, RequestBody, RequestFlags, ResponseBody}
 
 use crate::client::{Client, Grant};
 use crate::error::ClientError;
+use crate::lease::Lease;
 
 /// Longest time one attempt of a wait is parked on the server before it answers with the
 /// position (the request's timeout; the server keeps a margin from it).
@@ -41,7 +42,10 @@ pub struct WaitOptions {
     /// How long to wait at most (at least 1 ms, at most the tenant's largest ttl).
     pub wait: Duration,
     /// The wait's request id; `None` generates one. A caller that retries a wait itself (after
-    /// a crash, say) with the same id finds its place, or the grant, again.
+    /// a crash, say) with the same id finds its place, or the grant, again. A wait whose call
+    /// ended in an error has been cancelled (see [`Client::acquire_wait`]): its request id then
+    /// answers the end of the wait, or a request-id conflict when the cancel reached the group
+    /// before the wait did; wait again with a new request id.
     pub request_id: Option<String>,
     /// Renew a grant that came after a long park at once, so its safe window counts from a
     /// fresh send (default). Off: the grant is returned as answered (its window counts from
@@ -135,8 +139,10 @@ impl Client {
             return Ok(grant);
         }
         // The window counts from the attempt's send, up to a park earlier: renew now to count
-        // it from here. (A renew that fails leaves the caller the grant's own window.)
-        match self
+        // it from here. (A renew that fails leaves the caller the grant's own window.) A caller
+        // that drops this future meanwhile leaves nothing held.
+        let guard = ReleaseOnDrop::new(self, &grant);
+        let renewed = self
             .renew(
                 options.key,
                 grant.lease_id,
@@ -144,11 +150,24 @@ impl Client {
                 options.ttl,
                 None,
             )
-            .await
-        {
+            .await;
+        guard.disarm();
+        match renewed {
             Ok(renewed) => Ok(renewed),
             Err(_) => Ok(grant),
         }
+    }
+
+    /// [`Client::acquire_wait`], with the grant adopted as a [`Lease`] the client renews (see
+    /// [`Client::adopt_grant`]). Dropping this future at any point leaves nothing held: before
+    /// the grant the wait is cancelled, after it (before the handle exists) the grant is
+    /// released in the background.
+    pub async fn acquire_wait_lease(&self, options: WaitOptions) -> Result<Lease, ClientError> {
+        let grant = self.acquire_wait(options).await?;
+        let guard = ReleaseOnDrop::new(self, &grant);
+        let lease = self.adopt_grant(grant).await;
+        guard.disarm();
+        Ok(lease)
     }
 
     /// Joins the resource's queue, or gets the resource at once, without parking: one
@@ -366,6 +385,49 @@ const QUEUED_QUICK: Duration = Duration::from_millis(200);
 /// Pause before re-sending a wait whose position came back at once, doubling up to the max.
 const QUEUED_PAUSE_MIN: Duration = Duration::from_millis(50);
 const QUEUED_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// Releases a grant in the background when dropped armed: it covers the moments between a
+/// wait's grant and the handle (or caller) that owns it.
+struct ReleaseOnDrop {
+    client: Option<Client>,
+    key: ResourceKey,
+    holder_id: String,
+    lease_id: tenure_core::LeaseId,
+}
+
+impl ReleaseOnDrop {
+    fn new(client: &Client, grant: &Grant) -> Self {
+        ReleaseOnDrop {
+            client: Some(client.clone()),
+            key: grant.key.clone(),
+            holder_id: grant.holder_id.clone(),
+            lease_id: grant.lease_id,
+        }
+    }
+
+    fn disarm(mut self) {
+        self.client = None;
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (key, holder_id, lease_id) = (
+            self.key.clone(),
+            std::mem::take(&mut self.holder_id),
+            self.lease_id,
+        );
+        runtime.spawn(async move {
+            let _ = client.release(key, lease_id, holder_id, None).await;
+        });
+    }
+}
 
 /// Cancels a wait when dropped armed (see [`Client::wait_in_queue`]).
 struct CancelOnDrop {

@@ -576,6 +576,13 @@ impl NodeShared {
                 None => return Err(invalid("no operation")),
             }
         };
+        // The leader gets what is left of the caller's time (the ready-leader wait and a
+        // proposal that ended NOT_LEADER may have used much of it): a wait parked there must
+        // answer before the caller stops listening.
+        let ctx = RequestContext {
+            timeout: ctx.timeout.saturating_sub(started.elapsed()),
+            ..ctx
+        };
         self.forward_or_refuse(group, &ctx, body).await
     }
 

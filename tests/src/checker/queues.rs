@@ -18,7 +18,11 @@
 //!    - *no gaps*: every grant takes the group's next fencing token, so between a start (or a
 //!      resync) and the stream's end, the grant events (ACQUIRED, HANDED_OFF) of a tenant watch
 //!      carry consecutive tokens; a resumed stream continues from the state the earlier one had
-//!      at its cursor, so a gap across a resume is caught too;
+//!      at its cursor, so a gap across a resume is caught too. This assumes the watched tenant
+//!      makes every grant of the group (the fault suite and the simulation use one tenant);
+//!      the grants of one entry are judged together (an entry lists its hand-offs last, so
+//!      its tokens need not come in order), and the stream's last entry, with no Through
+//!      after it, is not judged;
 //!    - *ends before grants*: a resource's next grant comes after the end (RELEASED, EXPIRED)
 //!      of the lease granted before it, and an end names the lease last granted;
 //!    - *agreement*: the grant a stream reports under a (group, token) names the resource and

@@ -381,6 +381,7 @@ impl ClientProcess {
                 break;
             }
             if Instant::now() >= deadline {
+                self.signal(rustix::process::Signal::KILL);
                 let _ = self.child.kill();
                 let _ = self.child.wait();
                 break;
@@ -397,6 +398,9 @@ impl ClientProcess {
 impl Drop for ClientProcess {
     fn drop(&mut self) {
         self.signal(rustix::process::Signal::CONT);
+        // The whole group: the client process and the `tenurectl lock` it runs (whose watchdog
+        // stops the lock's command when tenurectl goes).
+        self.signal(rustix::process::Signal::KILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
