@@ -141,7 +141,7 @@ impl Client {
         // The window counts from the attempt's send, up to a park earlier: renew now to count
         // it from here. (A renew that fails leaves the caller the grant's own window.) A caller
         // that drops this future meanwhile leaves nothing held.
-        let guard = ReleaseOnDrop::new(self, &grant);
+        let mut guard = LeaveOnDrop::grant(self, &grant);
         let renewed = self
             .renew(
                 options.key,
@@ -164,7 +164,7 @@ impl Client {
     /// released in the background.
     pub async fn acquire_wait_lease(&self, options: WaitOptions) -> Result<Lease, ClientError> {
         let grant = self.acquire_wait(options).await?;
-        let guard = ReleaseOnDrop::new(self, &grant);
+        let mut guard = LeaveOnDrop::grant(self, &grant);
         let lease = self.adopt_grant(grant).await;
         guard.disarm();
         Ok(lease)
@@ -287,12 +287,7 @@ impl Client {
         // Whatever ends this call other than an answer (an error, the caller dropping the
         // future) leaves the queue: the guard cancels the wait (and releases a grant that beat
         // the cancel) in the background.
-        let mut guard = CancelOnDrop {
-            client: Some(self.clone()),
-            key: key.clone(),
-            holder_id: holder_id.to_owned(),
-            request_id: request_id.to_owned(),
-        };
+        let mut guard = LeaveOnDrop::wait(self, key, holder_id, request_id);
         let mut queued_pause = QUEUED_PAUSE_MIN;
         loop {
             let now = crate::time::now();
@@ -386,64 +381,53 @@ const QUEUED_QUICK: Duration = Duration::from_millis(200);
 const QUEUED_PAUSE_MIN: Duration = Duration::from_millis(50);
 const QUEUED_PAUSE_MAX: Duration = Duration::from_secs(2);
 
-/// Releases a grant in the background when dropped armed: it covers the moments between a
-/// wait's grant and the handle (or caller) that owns it.
-struct ReleaseOnDrop {
+/// What a [`LeaveOnDrop`] undoes.
+enum Leave {
+    /// A wait that may be queued: cancel it (and release a grant that beat the cancel).
+    Wait { request_id: String },
+    /// A grant nobody owns yet: release it.
+    Grant { lease_id: tenure_core::LeaseId },
+}
+
+/// Leaves nothing held when dropped armed: in the background it cancels a wait whose call ended
+/// other than by an answer (see [`Client::wait_in_queue`]), or releases a grant between its
+/// answer and the handle (or caller) that owns it.
+struct LeaveOnDrop {
     client: Option<Client>,
     key: ResourceKey,
     holder_id: String,
-    lease_id: tenure_core::LeaseId,
+    leave: Leave,
 }
 
-impl ReleaseOnDrop {
-    fn new(client: &Client, grant: &Grant) -> Self {
-        ReleaseOnDrop {
+impl LeaveOnDrop {
+    fn wait(client: &Client, key: &ResourceKey, holder_id: &str, request_id: &str) -> Self {
+        LeaveOnDrop {
             client: Some(client.clone()),
-            key: grant.key.clone(),
-            holder_id: grant.holder_id.clone(),
-            lease_id: grant.lease_id,
+            key: key.clone(),
+            holder_id: holder_id.to_owned(),
+            leave: Leave::Wait {
+                request_id: request_id.to_owned(),
+            },
         }
     }
 
-    fn disarm(mut self) {
-        self.client = None;
+    fn grant(client: &Client, grant: &Grant) -> Self {
+        LeaveOnDrop {
+            client: Some(client.clone()),
+            key: grant.key.clone(),
+            holder_id: grant.holder_id.clone(),
+            leave: Leave::Grant {
+                lease_id: grant.lease_id,
+            },
+        }
     }
-}
 
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        let Some(client) = self.client.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (key, holder_id, lease_id) = (
-            self.key.clone(),
-            std::mem::take(&mut self.holder_id),
-            self.lease_id,
-        );
-        runtime.spawn(async move {
-            let _ = client.release(key, lease_id, holder_id, None).await;
-        });
-    }
-}
-
-/// Cancels a wait when dropped armed (see [`Client::wait_in_queue`]).
-struct CancelOnDrop {
-    client: Option<Client>,
-    key: ResourceKey,
-    holder_id: String,
-    request_id: String,
-}
-
-impl CancelOnDrop {
     fn disarm(&mut self) {
         self.client = None;
     }
 }
 
-impl Drop for CancelOnDrop {
+impl Drop for LeaveOnDrop {
     fn drop(&mut self) {
         let Some(client) = self.client.take() else {
             return;
@@ -451,17 +435,28 @@ impl Drop for CancelOnDrop {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (key, holder_id, request_id) = (
-            self.key.clone(),
-            std::mem::take(&mut self.holder_id),
-            std::mem::take(&mut self.request_id),
+        let key = self.key.clone();
+        let holder_id = std::mem::take(&mut self.holder_id);
+        let leave = std::mem::replace(
+            &mut self.leave,
+            Leave::Wait {
+                request_id: String::new(),
+            },
         );
         runtime.spawn(async move {
-            if let Ok(receipt) = client.cancel_wait(&key, &holder_id, &request_id).await
-                && let Some(grant) = receipt.granted
-            {
-                let _ = client.release(key, grant.lease_id, holder_id, None).await;
-            }
+            let lease_id = match leave {
+                Leave::Grant { lease_id } => lease_id,
+                Leave::Wait { request_id } => {
+                    match client.cancel_wait(&key, &holder_id, &request_id).await {
+                        Ok(receipt) => match receipt.granted {
+                            Some(grant) => grant.lease_id,
+                            None => return,
+                        },
+                        Err(_) => return,
+                    }
+                }
+            };
+            let _ = client.release(key, lease_id, holder_id, None).await;
         });
     }
 }
