@@ -231,14 +231,20 @@ pub(super) fn check_watch(history: &History, violations: &mut Vec<Violation>) ->
                 }
             };
             if let Some(problem) = problem {
-                // The history's grants of the tokens the message names, to show what is missing.
+                // The history's grants of the tokens the message names and of those between
+                // them (a gap's missing grants), to show what is missing.
+                let named = tokens_named(&problem);
+                let (low, high) = (
+                    named.iter().copied().min().unwrap_or(1),
+                    named.iter().copied().max().unwrap_or(0),
+                );
                 let ops: Vec<OpRecord> = history
                     .ops
                     .iter()
                     .filter(|op| match &op.outcome {
                         Outcome::Granted { lease, token, .. } => {
                             lease.group == *group
-                                && problem.contains(&format!("token {token}"))
+                                && (low..=high).contains(token)
                                 && op.kind != crate::history::OpKind::Renew
                         }
                         _ => false,
@@ -316,6 +322,18 @@ fn close_entry(state: &mut Chain) -> Option<String> {
         state.last_grant = Some(token);
     }
     None
+}
+
+/// The fencing tokens a problem's message names (each written `token N`).
+fn tokens_named(message: &str) -> Vec<u64> {
+    message
+        .split("token ")
+        .skip(1)
+        .filter_map(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect()
 }
 
 /// The index an item names.
