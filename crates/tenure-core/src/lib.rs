@@ -95,7 +95,7 @@ pub use placement::{
     PlacementError, PlacementMap, SLOT_COUNT_DEFAULT, SLOT_COUNT_MAX, key_hash, placement,
 };
 pub use state::{
-    GROUP_SESSIONS_MAX, GROUP_WAITERS_MAX, LeaseStateMachine, RESOURCE_WAITERS_MAX,
+    FrozenState, GROUP_SESSIONS_MAX, GROUP_WAITERS_MAX, LeaseStateMachine, RESOURCE_WAITERS_MAX,
     SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN, SnapshotError, SnapshotStats,
     StateOptions, StateStats,
 };

@@ -37,7 +37,6 @@
 //! Depends only on the command types and limits; no clock, no I/O, no randomness (the index's
 //! hash seed changes the memory layout only, never a decision).
 
-use std::collections::VecDeque;
 use std::hash::BuildHasher;
 
 use compact_str::CompactString;
@@ -49,6 +48,8 @@ use crate::command::{LeaseOp, LeaseReply};
 use crate::error::{LeaseError, OverloadReason};
 use crate::limits::GroupLimits;
 use crate::validate::{validate_request_id, validate_resource_id, validate_tenant_id};
+
+use super::chunked_ring::ChunkedRing;
 
 pub(crate) type HashBuilder = foldhash::fast::FixedState;
 
@@ -194,7 +195,8 @@ pub(crate) struct DedupTable {
     /// Sequence numbers of live records, hashed by identity; equality is the stored identity's.
     index: HashTable<u64>,
     /// Records in recording order; `ring[i]` has sequence `front_sequence + i`.
-    ring: VecDeque<DedupRecord>,
+    /// Copy-on-write chunks: a snapshot freezes it without copying the records.
+    ring: ChunkedRing<DedupRecord>,
     front_sequence: u64,
     /// Ring entries (stale ones included) per tenant id: the fair-share rule counts these.
     per_tenant: HashMap<Box<[u8]>, u64, HashBuilder>,
@@ -225,7 +227,7 @@ impl DedupTable {
     pub(crate) fn new(hash_builder: HashBuilder) -> Self {
         DedupTable {
             index: HashTable::new(),
-            ring: VecDeque::new(),
+            ring: ChunkedRing::new(),
             front_sequence: 0,
             per_tenant: HashMap::with_hasher(hash_builder.clone()),
             hash_builder,
@@ -243,11 +245,6 @@ impl DedupTable {
     /// Live records (the index's size).
     pub(crate) fn len(&self) -> usize {
         self.index.len()
-    }
-
-    /// Ring entries, stale ones included: what the bound counts.
-    pub(crate) fn ring_len(&self) -> usize {
-        self.ring.len()
     }
 
     fn hash_of(&self, packed: &[u8]) -> u64 {
@@ -275,7 +272,7 @@ impl DedupTable {
     }
 
     fn pop_front(&mut self, live: bool) {
-        let Some(front) = self.ring.pop_front() else {
+        let Some(front) = self.ring.front() else {
             return;
         };
         if live {
@@ -292,6 +289,7 @@ impl DedupTable {
                 self.per_tenant.remove(tenant);
             }
         }
+        self.ring.drop_front();
         self.front_sequence += 1;
     }
 
@@ -474,9 +472,9 @@ impl DedupTable {
         self.front_sequence
     }
 
-    /// Ring entries in order, stale ones included.
-    pub(crate) fn iter_ring(&self) -> impl Iterator<Item = &DedupRecord> {
-        self.ring.iter()
+    /// The ring, stale entries included (cloning it is cheap: see [`ChunkedRing`]).
+    pub(crate) fn ring(&self) -> &ChunkedRing<DedupRecord> {
+        &self.ring
     }
 
     pub(crate) fn set_front_sequence(&mut self, front_sequence: u64) {
@@ -529,7 +527,7 @@ impl DedupTable {
     }
 }
 
-fn record_at(ring: &VecDeque<DedupRecord>, front: u64, sequence: u64) -> Option<&DedupRecord> {
+fn record_at(ring: &ChunkedRing<DedupRecord>, front: u64, sequence: u64) -> Option<&DedupRecord> {
     let offset = usize::try_from(sequence.checked_sub(front)?).ok()?;
     ring.get(offset)
 }

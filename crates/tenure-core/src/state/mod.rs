@@ -13,6 +13,7 @@
 //! affects a later decision (slab slots and free list, the inactive and dedup queues, counters)
 //! is in the snapshot, so a restored replica decides exactly what a replaying one does.
 
+pub(crate) mod chunked_ring;
 pub(crate) mod dedup;
 pub(crate) mod queue;
 pub(crate) mod session;
@@ -32,7 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use queue::{GROUP_WAITERS_MAX, RESOURCE_WAITERS_MAX};
 pub use session::GROUP_SESSIONS_MAX;
 pub use snapshot::{
-    SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN, SnapshotError, SnapshotStats,
+    FrozenState, SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_MIN, SnapshotError, SnapshotStats,
 };
 
 use crate::cluster::{ClusterError, ClusterMeta, METADATA_GROUP};

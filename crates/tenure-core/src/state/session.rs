@@ -633,6 +633,19 @@ impl LeaseStateMachine {
                 ));
             }
         }
+        // Every record naming a session is in the index (with the check above, the two agree
+        // exactly): a snapshot writes the bindings from the records' own fields.
+        let bound_records = self
+            .slab
+            .iter_slots()
+            .filter(|(_, record)| record.is_some_and(|record| record.session.is_some()))
+            .count();
+        if bound_records != self.sessions.by_session.len() {
+            return Err(format!(
+                "{bound_records} lease records name a session, {} bindings indexed",
+                self.sessions.by_session.len()
+            ));
+        }
         Ok(())
     }
 }

@@ -4,19 +4,29 @@
 //! (no multi-megabyte `memcpy` pause inside apply). Freed slots are reused last-freed-first; the
 //! free list is part of the replicated state (snapshots keep it), so slot numbers, and every
 //! tie broken by them, are identical on every replica.
+//!
+//! Chunks are shared copy-on-write (`Arc`): cloning a slab copies one pointer per chunk and the
+//! free list, not the records, so a snapshot can freeze the state in well under a millisecond
+//! and write it while apply goes on (issue 25). A write to a chunk that a frozen copy still
+//! shares copies that one chunk first ([`Arc::make_mut`]): at most [`CHUNK_SLOTS`] records, once
+//! per chunk per snapshot. When nothing shares a chunk, a write costs one atomic load.
+//!
+//! Must not depend on: anything but `std` (no clock, no I/O).
+
+use std::sync::Arc;
 
 /// Slots per chunk.
 pub(crate) const CHUNK_SLOTS: usize = 4_096;
 
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Slab<T> {
-    chunks: Vec<Vec<Option<T>>>,
+    chunks: Vec<Arc<Vec<Option<T>>>>,
     /// Slots ever handed out: every slot below this is occupied or in `free`.
     len: u32,
     free: Vec<u32>,
 }
 
-impl<T> Slab<T> {
+impl<T: Clone> Slab<T> {
     pub(crate) fn new() -> Self {
         Slab {
             chunks: Vec::new(),
@@ -49,10 +59,10 @@ impl<T> Slab<T> {
 
     pub(crate) fn get_mut(&mut self, slot: u32) -> Option<&mut T> {
         let slot = slot as usize;
-        self.chunks
-            .get_mut(slot / CHUNK_SLOTS)?
-            .get_mut(slot % CHUNK_SLOTS)?
-            .as_mut()
+        let chunk = self.chunks.get_mut(slot / CHUNK_SLOTS)?;
+        // Only an occupied slot is worth un-sharing its chunk for.
+        chunk.get(slot % CHUNK_SLOTS)?.as_ref()?;
+        Arc::make_mut(chunk).get_mut(slot % CHUNK_SLOTS)?.as_mut()
     }
 
     /// Stores `value` and returns its slot. `None` when all `u32` slots are in use.
@@ -72,9 +82,9 @@ impl<T> Slab<T> {
     /// Removes and returns the value in `slot`, making the slot free.
     pub(crate) fn remove(&mut self, slot: u32) -> Option<T> {
         let slot_index = slot as usize;
-        let value = self
-            .chunks
-            .get_mut(slot_index / CHUNK_SLOTS)?
+        let chunk = self.chunks.get_mut(slot_index / CHUNK_SLOTS)?;
+        chunk.get(slot_index % CHUNK_SLOTS)?.as_ref()?;
+        let value = Arc::make_mut(chunk)
             .get_mut(slot_index % CHUNK_SLOTS)?
             .take()?;
         self.free.push(slot);
@@ -105,18 +115,18 @@ impl<T> Slab<T> {
 
     fn push_cell(&mut self, cell: Option<T>) {
         match self.chunks.last_mut() {
-            Some(chunk) if chunk.len() < CHUNK_SLOTS => chunk.push(cell),
+            Some(chunk) if chunk.len() < CHUNK_SLOTS => Arc::make_mut(chunk).push(cell),
             _ => {
                 let mut chunk = Vec::with_capacity(CHUNK_SLOTS);
                 chunk.push(cell);
-                self.chunks.push(chunk);
+                self.chunks.push(Arc::new(chunk));
             }
         }
     }
 
     fn cell_mut(&mut self, slot: u32) -> &mut Option<T> {
         let slot = slot as usize;
-        &mut self.chunks[slot / CHUNK_SLOTS][slot % CHUNK_SLOTS]
+        &mut Arc::make_mut(&mut self.chunks[slot / CHUNK_SLOTS])[slot % CHUNK_SLOTS]
     }
 }
 
@@ -153,5 +163,32 @@ mod tests {
             assert_eq!(slab.get(i), Some(&i));
         }
         assert_eq!(slab.iter_slots().count(), CHUNK_SLOTS * 2 + 5);
+    }
+
+    #[test]
+    fn a_clone_is_a_frozen_copy_that_writes_do_not_reach() {
+        let mut slab = Slab::new();
+        let count = u32::try_from(CHUNK_SLOTS).unwrap() + 10;
+        for i in 0..count {
+            slab.insert(i);
+        }
+        let frozen = slab.clone();
+        assert!(Arc::ptr_eq(&slab.chunks[0], &frozen.chunks[0]));
+        *slab.get_mut(3).unwrap() = 1_000;
+        assert_eq!(slab.remove(count - 1), Some(count - 1));
+        assert_eq!(slab.insert(7_000), Some(count - 1));
+        assert_eq!(slab.insert(7_001), Some(count));
+        // The frozen copy still shows the state at the moment it was taken.
+        assert_eq!(frozen.get(3), Some(&3));
+        assert_eq!(frozen.get(count - 1), Some(&(count - 1)));
+        assert_eq!(frozen.get(count), None);
+        assert_eq!(frozen.high_water(), count);
+        assert!(frozen.free_list().is_empty());
+        // Only the chunks written to were copied; reading never copies.
+        assert!(!Arc::ptr_eq(&slab.chunks[0], &frozen.chunks[0]));
+        let _ = slab.get(5);
+        drop(frozen);
+        assert_eq!(slab.get(3), Some(&1_000));
+        assert_eq!(slab.get(count), Some(&7_001));
     }
 }

@@ -165,7 +165,7 @@ fn dedup_table_filled_by_one_tenant_overloads_every_other_tenant() {
         );
         assert!(outcome.result.is_ok(), "{outcome:?}");
     }
-    assert_eq!(state.dedup.ring_len(), 10);
+    assert_eq!(state.dedup.ring().len(), 10);
     // The table is full of records younger than dedup_retention_ms_min.
     let victim = apply_op(&mut state, 2_000, acquire("victim", "db", "w", "v1"));
     assert!(

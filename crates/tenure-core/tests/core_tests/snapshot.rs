@@ -186,3 +186,63 @@ proptest! {
         prop_assert!(LeaseStateMachine::read_snapshot(bytes.as_slice(), StateOptions::default()).is_err());
     }
 }
+
+/// Issue 25: a snapshot is built from a frozen copy while apply goes on. Whatever is applied
+/// after the freeze (acquires, renewals, releases, expiry, session binds and ends, request-id
+/// records, enough of each to span several slab and ring chunks), the frozen copy writes exactly
+/// the bytes the state had at the freeze, and the live state's own snapshot still restores to
+/// itself.
+#[test]
+fn a_frozen_state_writes_the_moment_it_was_frozen_while_apply_goes_on() {
+    const SESSION: u128 = 0x5ca1e;
+    let mut h = Harness::with_limits(GroupLimits {
+        ttl_ms_min: 100,
+        inactive_retention_ms: 5_000,
+        ..GroupLimits::default()
+    });
+    h.open_session(SESSION, "worker", 60_000).unwrap();
+    let mut held = Vec::new();
+    for i in 0..6_000 {
+        if i % 3 == 0 {
+            h.acquire_in_session(&format!("s{i}"), "worker", SESSION)
+                .unwrap();
+        } else {
+            held.push((
+                format!("r{i}"),
+                h.acquire(&format!("r{i}"), "holder", 30_000).unwrap(),
+            ));
+        }
+    }
+    let before = h.state.snapshot_to_vec();
+    let frozen = h.state.freeze();
+
+    h.advance(1_000);
+    for (i, (resource, grant)) in held.iter().enumerate() {
+        match i % 4 {
+            0 => h.release(resource, grant.lease_id, "holder").map(|_| ()),
+            1 => h
+                .renew(resource, grant.lease_id, "holder", 40_000)
+                .map(|_| ()),
+            _ => Ok(()),
+        }
+        .unwrap();
+    }
+    for i in 0..3_000 {
+        h.acquire(&format!("new{i}"), "holder", 200).unwrap();
+    }
+    h.close_session(SESSION, "worker").unwrap();
+    h.advance(1_000);
+    for _ in 0..20 {
+        h.apply(Command::Expire { leases_max: 1_000 });
+    }
+
+    let mut written = Vec::new();
+    frozen.write_snapshot(&mut written).unwrap();
+    assert_eq!(written, before, "the frozen copy changed after the freeze");
+    let after = h.state.snapshot_to_vec();
+    assert_ne!(after, before);
+    let restored =
+        LeaseStateMachine::read_snapshot(after.as_slice(), StateOptions::default()).unwrap();
+    assert_eq!(restored.snapshot_to_vec(), after);
+    assert_eq!(restored.stats(), h.state.stats());
+}
