@@ -350,6 +350,11 @@ impl GroupHandle {
             .with_leases(|leases| leases.stats().active_leases)
     }
 
+    /// The replica's state counters (every replica, leader or not).
+    pub fn state_stats(&self) -> tenure_core::StateStats {
+        self.state_machine.with_leases(|leases| leases.stats())
+    }
+
     /// Proposes one Expire command when leases are due, none is in flight and the rate bound
     /// allows one. Returns immediately; the command completes in the background.
     pub fn maybe_expire(self: &Arc<Self>, leases_max: u32, min_interval_ms: u64) {

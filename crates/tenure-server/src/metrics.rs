@@ -158,6 +158,29 @@ pub const NODE_REPLICAS: &str = "tenure_node_replicas";
 /// Groups led per node, by `node`, as the placement controller last counted them (exported by
 /// the controller's node only).
 pub const NODE_LEADERS: &str = "tenure_node_leaders";
+/// The node process's resident set size, in bytes (Linux `/proc/self/statm`; absent elsewhere).
+pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "tenure_process_resident_memory_bytes";
+/// Lease records (active and retained inactive) in every group this node hosts, leader or not.
+pub const STATE_LEASE_RECORDS: &str = "tenure_state_lease_records";
+/// Request-id records in every group this node hosts, leader or not.
+pub const STATE_DEDUP_RECORDS: &str = "tenure_state_dedup_records";
+/// Snapshots this node built (a build with nothing new to write is not counted).
+pub const SNAPSHOT_BUILDS_TOTAL: &str = "tenure_snapshot_builds_total";
+/// Seconds those builds took, from the freeze to the durable pointer (a gauge holding a
+/// cumulative value, like `FSYNC_SECONDS_TOTAL`).
+pub const SNAPSHOT_BUILD_SECONDS_TOTAL: &str = "tenure_snapshot_build_seconds_total";
+/// The longest build since the node started, in seconds.
+pub const SNAPSHOT_BUILD_SECONDS_MAX: &str = "tenure_snapshot_build_seconds_max";
+/// The largest snapshot built since the node started, in bytes.
+pub const SNAPSHOT_BYTES_MAX: &str = "tenure_snapshot_bytes_max";
+/// Bytes of every snapshot built since start.
+pub const SNAPSHOT_WRITTEN_BYTES_TOTAL: &str = "tenure_snapshot_written_bytes_total";
+/// The longest time one build held a group's state (the group's apply waited meanwhile) since
+/// the node started, in seconds. Issue 25's bound is 10 ms.
+pub const SNAPSHOT_APPLY_PAUSE_SECONDS_MAX: &str = "tenure_snapshot_apply_pause_seconds_max";
+/// Builds that held a group's state for more than 10 ms.
+pub const SNAPSHOT_APPLY_PAUSES_OVER_10MS_TOTAL: &str =
+    "tenure_snapshot_apply_pauses_over_10ms_total";
 
 /// Every counter the node exports (registered at zero at start, so dashboards and alerts see
 /// them before the first event).
@@ -191,6 +214,9 @@ pub const COUNTERS: &[&str] = &[
     REPLICA_MOVES_TOTAL,
     PLACEMENT_DECISIONS_TOTAL,
     NODE_EXCLUSIONS_TOTAL,
+    SNAPSHOT_BUILDS_TOTAL,
+    SNAPSHOT_WRITTEN_BYTES_TOTAL,
+    SNAPSHOT_APPLY_PAUSES_OVER_10MS_TOTAL,
 ];
 
 /// Every gauge the node exports (registered at zero at start).
@@ -216,6 +242,13 @@ pub const GAUGES: &[&str] = &[
     LEASE_PROPOSAL_MEAN_SECONDS,
     REPLICA_MOVES_INFLIGHT,
     GROUPS_UNDER_REPLICATED,
+    PROCESS_RESIDENT_MEMORY_BYTES,
+    STATE_LEASE_RECORDS,
+    STATE_DEDUP_RECORDS,
+    SNAPSHOT_BUILD_SECONDS_TOTAL,
+    SNAPSHOT_BUILD_SECONDS_MAX,
+    SNAPSHOT_BYTES_MAX,
+    SNAPSHOT_APPLY_PAUSE_SECONDS_MAX,
 ];
 
 /// Every histogram the node exports (they appear after their first observation).

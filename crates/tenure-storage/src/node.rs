@@ -107,6 +107,21 @@ pub struct StorageStats {
     pub callbacks_completed: AtomicU64,
     /// Total microseconds spent inside WAL syncs.
     pub fsync_micros: AtomicU64,
+    /// Snapshots built (a build with nothing new to write is not counted).
+    pub snapshot_builds: AtomicU64,
+    /// Total microseconds those builds took, from the freeze to the durable pointer.
+    pub snapshot_build_micros: AtomicU64,
+    /// The longest of those builds, in microseconds.
+    pub snapshot_build_micros_max: AtomicU64,
+    /// The largest snapshot built, in bytes.
+    pub snapshot_bytes_max: AtomicU64,
+    /// Bytes of every snapshot built.
+    pub snapshot_bytes: AtomicU64,
+    /// The longest time a build held a group's state lock (apply of that group waits meanwhile),
+    /// in microseconds.
+    pub snapshot_pause_micros_max: AtomicU64,
+    /// Builds that held a group's state lock for more than 10 ms.
+    pub snapshot_pauses_over_10ms: AtomicU64,
 }
 
 /// A point-in-time copy of [`StorageStats`].
@@ -122,6 +137,20 @@ pub struct StatsSnapshot {
     pub callbacks_completed: u64,
     /// Total microseconds spent inside WAL syncs.
     pub fsync_micros: u64,
+    /// Snapshots built.
+    pub snapshot_builds: u64,
+    /// Total microseconds those builds took.
+    pub snapshot_build_micros: u64,
+    /// The longest build, in microseconds.
+    pub snapshot_build_micros_max: u64,
+    /// The largest snapshot built, in bytes.
+    pub snapshot_bytes_max: u64,
+    /// Bytes of every snapshot built.
+    pub snapshot_bytes: u64,
+    /// The longest time a build held a group's state lock, in microseconds.
+    pub snapshot_pause_micros_max: u64,
+    /// Builds that held a group's state lock for more than 10 ms.
+    pub snapshot_pauses_over_10ms: u64,
 }
 
 #[derive(Default)]
@@ -624,6 +653,13 @@ impl NodeStorage {
             entries_appended: stats.entries_appended.load(Ordering::Relaxed),
             callbacks_completed: stats.callbacks_completed.load(Ordering::Relaxed),
             fsync_micros: stats.fsync_micros.load(Ordering::Relaxed),
+            snapshot_builds: stats.snapshot_builds.load(Ordering::Relaxed),
+            snapshot_build_micros: stats.snapshot_build_micros.load(Ordering::Relaxed),
+            snapshot_build_micros_max: stats.snapshot_build_micros_max.load(Ordering::Relaxed),
+            snapshot_bytes_max: stats.snapshot_bytes_max.load(Ordering::Relaxed),
+            snapshot_bytes: stats.snapshot_bytes.load(Ordering::Relaxed),
+            snapshot_pause_micros_max: stats.snapshot_pause_micros_max.load(Ordering::Relaxed),
+            snapshot_pauses_over_10ms: stats.snapshot_pauses_over_10ms.load(Ordering::Relaxed),
         }
     }
 

@@ -1,5 +1,6 @@
-//! The metrics gauges: once a second, readiness, leadership, leases, lag, storage and transport
-//! counters are copied into the metrics registry.
+//! The metrics gauges: once a second, readiness, leadership, leases, records held, lag, the
+//! process's resident memory, storage (snapshot builds included) and transport counters are
+//! copied into the metrics registry.
 //!
 //! Must not depend on: the request path.
 
@@ -17,6 +18,15 @@ fn certificate_expiry_unix_s(path: &std::path::Path) -> Option<i64> {
     Some(certificate.validity().not_after.timestamp())
 }
 
+/// The process's resident set size in bytes, from `/proc/self/statm` (its second field, in pages);
+/// `None` where that file does not exist or does not parse.
+fn process_resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let resident_pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    let page_bytes = rustix::param::page_size() as u64;
+    Some(resident_pages * page_bytes)
+}
+
 /// Refreshes the gauges once a second until the node stops.
 pub(crate) async fn run_gauges(shared: Arc<NodeShared>) {
     m::register_all();
@@ -30,10 +40,15 @@ pub(crate) async fn run_gauges(shared: Arc<NodeShared>) {
         let mut hosted = 0u64;
         let mut overdue_ms = 0u64;
         let mut under_replicated = 0u64;
+        let mut lease_records = 0u64;
+        let mut dedup_records = 0u64;
         let voters_wanted = shared.voters_wanted();
         for handle in shared.hosted() {
             hosted += 1;
             lag += handle.apply_lag_entries();
+            let stats = handle.state_stats();
+            lease_records += stats.lease_records;
+            dedup_records += stats.dedup_records;
             if handle.is_ready_leader() {
                 led += 1;
                 let members = handle.members();
@@ -73,7 +88,23 @@ pub(crate) async fn run_gauges(shared: Arc<NodeShared>) {
             .node_load(shared.clock.now_ms())
             .proposal_mean_us;
         ::metrics::gauge!(m::LEASE_PROPOSAL_MEAN_SECONDS).set(proposal_mean_us as f64 / 1e6);
+        ::metrics::gauge!(m::STATE_LEASE_RECORDS).set(lease_records as f64);
+        ::metrics::gauge!(m::STATE_DEDUP_RECORDS).set(dedup_records as f64);
+        if let Some(rss_bytes) = process_resident_bytes() {
+            ::metrics::gauge!(m::PROCESS_RESIDENT_MEMORY_BYTES).set(rss_bytes as f64);
+        }
         let storage = shared.storage.stats();
+        ::metrics::counter!(m::SNAPSHOT_BUILDS_TOTAL).absolute(storage.snapshot_builds);
+        ::metrics::gauge!(m::SNAPSHOT_BUILD_SECONDS_TOTAL)
+            .set(storage.snapshot_build_micros as f64 / 1e6);
+        ::metrics::gauge!(m::SNAPSHOT_BUILD_SECONDS_MAX)
+            .set(storage.snapshot_build_micros_max as f64 / 1e6);
+        ::metrics::gauge!(m::SNAPSHOT_BYTES_MAX).set(storage.snapshot_bytes_max as f64);
+        ::metrics::counter!(m::SNAPSHOT_WRITTEN_BYTES_TOTAL).absolute(storage.snapshot_bytes);
+        ::metrics::gauge!(m::SNAPSHOT_APPLY_PAUSE_SECONDS_MAX)
+            .set(storage.snapshot_pause_micros_max as f64 / 1e6);
+        ::metrics::counter!(m::SNAPSHOT_APPLY_PAUSES_OVER_10MS_TOTAL)
+            .absolute(storage.snapshot_pauses_over_10ms);
         ::metrics::counter!(m::FSYNCS_TOTAL).absolute(storage.fsyncs);
         ::metrics::gauge!(m::FSYNC_SECONDS_TOTAL).set(storage.fsync_micros as f64 / 1e6);
         if storage.fsyncs > 0 {
