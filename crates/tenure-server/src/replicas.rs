@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use openraft::impls::BasicNode;
 use tenure_core::StateOptions;
 use tenure_proto::client::{GroupMembers, WireError};
-use tenure_storage::NodeStorage;
+use tenure_storage::{GroupStateMachine, NodeStorage};
 use tenure_transport::{GroupNetworkFactory, GroupRaft, GroupTable, Transport};
 use tokio::sync::watch;
 
@@ -35,6 +35,9 @@ use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::group::{GroupHandle, GroupSettings};
 use crate::placement::replicas_of;
+
+/// Threads restoring the groups' state machines at start, at most.
+const RESTORE_THREADS_MAX: usize = 8;
 
 /// What every replica of this node is created with.
 #[derive(Clone)]
@@ -97,8 +100,62 @@ impl ReplicaFactory {
         &self,
         group: u32,
     ) -> Result<(GroupRaft, Arc<GroupHandle>), ServerError> {
+        let state_machine = self
+            .storage
+            .state_machine(group, self.settings.state_options)?;
+        self.open_restored(group, state_machine).await
+    }
+
+    /// Restores the state machines of `groups` from their snapshots, several at once on blocking
+    /// threads (one per core, at most [`RESTORE_THREADS_MAX`]): a restart with millions of
+    /// leases reads and checks every record, and the groups are independent (issue 25). The
+    /// first failure is the answer.
+    async fn restore_state_machines(
+        &self,
+        groups: &BTreeSet<u32>,
+    ) -> Result<BTreeMap<u32, GroupStateMachine>, ServerError> {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, std::num::NonZeroUsize::get)
+            .clamp(1, RESTORE_THREADS_MAX)
+            .min(groups.len().max(1));
+        let queue = Arc::new(Mutex::new(groups.iter().copied().collect::<Vec<u32>>()));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..threads {
+            let queue = Arc::clone(&queue);
+            let storage = self.storage.clone();
+            let options = self.settings.state_options;
+            tasks.spawn_blocking(move || {
+                let mut restored = Vec::new();
+                loop {
+                    let next = queue
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .pop();
+                    let Some(group) = next else {
+                        return Ok(restored);
+                    };
+                    restored.push((group, storage.state_machine(group, options)?));
+                }
+            });
+        }
+        let mut machines = BTreeMap::new();
+        while let Some(joined) = tasks.join_next().await {
+            let restored: Result<Vec<_>, tenure_storage::StoreError> = joined.map_err(|err| {
+                ServerError::DataDir(format!("restoring the groups' state machines: {err}"))
+            })?;
+            machines.extend(restored?);
+        }
+        Ok(machines)
+    }
+
+    /// [`Self::open`] with the group's state machine already restored.
+    async fn open_restored(
+        &self,
+        group: u32,
+        state_machine: GroupStateMachine,
+    ) -> Result<(GroupRaft, Arc<GroupHandle>), ServerError> {
         let ReplicaSettings {
-            state_options,
+            state_options: _,
             raft_config,
             clock,
             settings,
@@ -110,10 +167,7 @@ impl ReplicaFactory {
                 waits: waits.clone(),
                 watches: watches.clone(),
             });
-        let state_machine = self
-            .storage
-            .state_machine(group, *state_options)?
-            .with_apply_observer(observer);
+        let state_machine = state_machine.with_apply_observer(observer);
         let raft = GroupRaft::new(
             self.node_id,
             raft_config.clone(),
@@ -168,8 +222,15 @@ impl ReplicaFactory {
         let mut groups: Vec<Option<Arc<GroupHandle>>> = vec![None; config.groups as usize];
         let mut fresh = Vec::new();
         let mut raft_state_found = false;
+        let mut restored = self.restore_state_machines(&hosted).await?;
         for &group in &hosted {
-            let (raft, handle) = self.open(group).await?;
+            let state_machine = match restored.remove(&group) {
+                Some(machine) => machine,
+                None => self
+                    .storage
+                    .state_machine(group, self.settings.state_options)?,
+            };
+            let (raft, handle) = self.open_restored(group, state_machine).await?;
             if first_start && !raft_state_found {
                 raft_state_found = self.has_raft_state(group).await?;
             }
