@@ -134,8 +134,9 @@ mod tests {
 
     #[test]
     fn a_clone_is_a_frozen_copy_that_writes_do_not_reach() {
+        let count = u32::try_from(RING_CHUNK_ITEMS).unwrap() + 3;
         let mut ring = ChunkedRing::new();
-        for i in 0..(RING_CHUNK_ITEMS as u32 + 3) {
+        for i in 0..count {
             ring.push_back(i);
         }
         let frozen = ring.clone();
@@ -145,7 +146,7 @@ mod tests {
         ring.push_back(99_999);
         assert_eq!(frozen.len(), RING_CHUNK_ITEMS + 3);
         assert_eq!(frozen.front(), Some(&0));
-        assert!(frozen.iter().copied().eq(0..(RING_CHUNK_ITEMS as u32 + 3)));
+        assert!(frozen.iter().copied().eq(0..count));
         assert_eq!(ring.front(), Some(&10));
         assert_eq!(ring.iter().last(), Some(&99_999));
         // The full first chunk is still shared; only the tail was copied.
