@@ -5,7 +5,8 @@
 #   . "$(dirname "$0")/lib.sh"
 #   bench_setup my-bench            # needs OUT and TIME_LIMIT_S; sets bin, work, OUT (absolute)
 #   bench_binaries                  # only the dependencies and $bin (scripts with their own cleanup)
-#   start_dev 64 "$OUT/dev.log"     # a fresh cluster in $work/dev; sets dev
+#   start_dev 64 "$OUT/dev.log"     # a fresh cluster in $work/dev; sets dev (more `tenure dev`
+#                                   # flags may follow the log file)
 #   run_bounded 300 "$OUT/x.txt" "$OUT/x.progress" "$bin/loadgen" ...
 #   stop_dev
 #
@@ -45,11 +46,13 @@ bench_setup() {
   disown "$watchdog"
 }
 
-# Starts `tenure dev` with $1 groups in $work/dev (log to $2) and waits for its cluster.json.
+# Starts `tenure dev` with $1 groups in $work/dev (log to $2; further arguments are passed to
+# `tenure dev`) and waits for its cluster.json.
 start_dev() {
   local groups=$1 log=$2
+  shift 2
   "$bin/tenure" dev --base-port 0 --groups "$groups" --data-dir "$work/dev" --duration-s "$TIME_LIMIT_S" \
-    >"$log" 2>&1 &
+    "$@" >"$log" 2>&1 &
   dev=$!
   for _ in $(seq 600); do
     [ -s "$work/dev/cluster.json" ] && break

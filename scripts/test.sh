@@ -32,7 +32,7 @@ mkdir -p "$log_dir"
 log="$log_dir/test-output.log"
 set +e
 cargo test --workspace --all-targets --all-features --locked -- --nocapture 2>&1 | tee "$log" \
-  | grep --line-buffered -E '^(test result|     Running|model property|tight-bounds|crash test|disk full|disk-full|640 appends|[0-9]+ groups: |partition: |leader transfer: |lossy network|snapshots: |failover|restart catch-up: |restarted node installed|sigterm: |skew: |five nodes|ops kit|client routing|failover renewal|loss signal|lost answer|coalescing|loadgen |mixed: |contended: |hold: |expiry: |nemesis seed|negative control|fencing demo|checker: |sim short mode|sim replay|error|thread .* panicked)'
+  | grep --line-buffered -E '^(test result|     Running|model property|tight-bounds|crash test|disk full|disk-full|640 appends|[0-9]+ groups: |partition: |leader transfer: |lossy network|snapshots: |failover|restart catch-up: |restarted node installed|sigterm: |skew: |five nodes|ops kit|client routing|failover renewal|loss signal|lost answer|coalescing|loadgen |mixed: |contended: |hold: |expiry: |scale: |nemesis seed|negative control|fencing demo|checker: |sim short mode|sim replay|error|thread .* panicked)'
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -ne 0 ]; then

@@ -1,6 +1,7 @@
-//! Reads counters from the nodes' Prometheus endpoints (`GET /metrics` on each node's HTTP
-//! address), for scenarios that measure what the service does on its own (the session-expiry
-//! run counts the bound leases the nodes reclaimed).
+//! Reads counters and gauges from the nodes' Prometheus endpoints (`GET /metrics` on each
+//! node's HTTP address), for scenarios that measure what the service does on its own (the
+//! session-expiry run counts the bound leases the nodes reclaimed; the scale run reads each
+//! node's memory, state and snapshot figures).
 //!
 //! Must not depend on: any server crate; it parses the text exposition like any scraper would.
 
@@ -42,6 +43,7 @@ pub enum ScrapeError {
 #[derive(Debug, Clone)]
 pub struct NodeMetrics {
     client: HyperClient<HttpConnector, Empty<Bytes>>,
+    bases: Vec<String>,
     urls: Vec<String>,
 }
 
@@ -50,6 +52,10 @@ impl NodeMetrics {
     pub fn new(base_urls: &[String]) -> Self {
         NodeMetrics {
             client: HyperClient::builder(TokioExecutor::new()).build(HttpConnector::new()),
+            bases: base_urls
+                .iter()
+                .map(|url| url.trim_end_matches('/').to_owned())
+                .collect(),
             urls: base_urls
                 .iter()
                 .map(|url| format!("{}/metrics", url.trim_end_matches('/')))
@@ -83,6 +89,85 @@ impl NodeMetrics {
     /// counter).
     pub async fn gauge_sum(&self, name: &str) -> Result<f64, ScrapeError> {
         self.counter_sum(name).await
+    }
+
+    /// Every node's exposition, scraped at once, in the order of the URLs given to
+    /// [`NodeMetrics::new`]; a node that does not answer gives its error in its place.
+    pub async fn per_node(&self) -> Vec<Result<Exposition, ScrapeError>> {
+        let mut scrapes = tokio::task::JoinSet::new();
+        for (index, url) in self.urls.iter().enumerate() {
+            let (client, url) = (self.client.clone(), url.clone());
+            scrapes.spawn(async move { (index, scrape(&client, &url).await) });
+        }
+        let mut answers: Vec<Option<Result<Exposition, ScrapeError>>> =
+            self.urls.iter().map(|_| None).collect();
+        while let Some(joined) = scrapes.join_next().await {
+            if let Ok((index, answer)) = joined
+                && let Some(slot) = answers.get_mut(index)
+            {
+                *slot = Some(answer.map(|text| Exposition { text }));
+            }
+        }
+        answers
+            .into_iter()
+            .zip(&self.urls)
+            .map(|(answer, url)| {
+                answer.unwrap_or_else(|| {
+                    Err(ScrapeError::Unreachable {
+                        url: url.clone(),
+                        reason: "the scrape task failed".into(),
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// Whether each node answers `GET /readyz` with 200 now (in the order of the URLs given to
+    /// [`NodeMetrics::new`]; a node that does not answer is not ready).
+    pub async fn ready_per_node(&self) -> Vec<bool> {
+        let mut probes = tokio::task::JoinSet::new();
+        for (index, base) in self.bases.iter().enumerate() {
+            let (client, url) = (self.client.clone(), format!("{base}/readyz"));
+            probes.spawn(async move { (index, scrape(&client, &url).await.is_ok()) });
+        }
+        let mut ready = vec![false; self.bases.len()];
+        while let Some(joined) = probes.join_next().await {
+            if let Ok((index, answered)) = joined
+                && let Some(slot) = ready.get_mut(index)
+            {
+                *slot = answered;
+            }
+        }
+        ready
+    }
+
+    /// The largest value of metric `name` over the nodes that export it (`None` when no node
+    /// answered with it).
+    pub async fn max_over_nodes(&self, name: &str) -> Option<f64> {
+        self.per_node()
+            .await
+            .iter()
+            .filter_map(|answer| answer.as_ref().ok()?.value(name))
+            .reduce(f64::max)
+    }
+}
+
+/// One node's text exposition.
+#[derive(Debug, Clone)]
+pub struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    /// Wraps a text exposition.
+    pub fn new(text: String) -> Self {
+        Exposition { text }
+    }
+
+    /// The sum of the samples of metric `name` (all label sets), or `None` when the node does
+    /// not export it (a metric its version does not have: "not available", not zero).
+    pub fn value(&self, name: &str) -> Option<f64> {
+        sample_value(&self.text, name)
     }
 }
 
@@ -133,6 +218,12 @@ async fn scrape_unbounded(
 /// The sum of every sample of metric `name` in a Prometheus text exposition (comments and
 /// other metrics skipped; a value that does not parse counts as nothing).
 pub fn sample_sum(exposition: &str, name: &str) -> f64 {
+    sample_value(exposition, name).unwrap_or(0.0)
+}
+
+/// The sum of every sample of metric `name` in a Prometheus text exposition, or `None` when it
+/// has no sample of that name with a value that parses.
+pub fn sample_value(exposition: &str, name: &str) -> Option<f64> {
     exposition
         .lines()
         .filter(|line| !line.starts_with('#'))
@@ -146,7 +237,7 @@ pub fn sample_sum(exposition: &str, name: &str) -> f64 {
             };
             value.split_whitespace().next()?.parse::<f64>().ok()
         })
-        .sum()
+        .reduce(|sum, value| sum + value)
 }
 
 /// The index just past the `}` closing the label set that `text` starts with (a `}` inside a
@@ -168,7 +259,7 @@ fn labels_end(text: &str) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::sample_sum;
+    use super::{Exposition, sample_sum, sample_value};
 
     #[test]
     fn sums_one_metric_over_label_sets_only() {
@@ -182,5 +273,11 @@ mod tests {
                     tenure_x_total{path=\"/a}b\",q=\"x\\\"}\"} 2\n";
         assert!((sample_sum(text, "tenure_x_total") - 9.5).abs() < 1e-9);
         assert!((sample_sum(text, "tenure_absent") - 0.0).abs() < 1e-9);
+        // Absent is not zero.
+        assert_eq!(sample_value(text, "tenure_absent"), None);
+        assert_eq!(sample_value(text, "tenure_y"), Some(9.0));
+        let node = Exposition::new("tenure_g 0\n".into());
+        assert_eq!(node.value("tenure_g"), Some(0.0));
+        assert_eq!(node.value("tenure_h"), None);
     }
 }

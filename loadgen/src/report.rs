@@ -1,7 +1,10 @@
 //! What a run prints and writes: the per-operation table (stdout), the JSON report whose keys
 //! scripts rely on (`target`, `scenario`, `duration_s`, `ops_total`, `throughput_ops_per_s`,
 //! `errors`, `ops.<name>.latency_us.{p50,p90,p99,p999,max}`), and an SVG plot (throughput and
-//! p99 over time, and each operation's latency percentile curve).
+//! p99 over time, and each operation's latency percentile curve). A run whose details carry
+//! `figures` (scale) prints them as a table of figures with their targets instead of the raw
+//! details, and one whose details carry `node_rss_series` gets a panel of the nodes' memory
+//! over time on top of its plot, marked with the run's `phases`.
 //!
 //! Pure formatting over a finished [`Report`]; must not depend on the targets.
 
@@ -173,7 +176,11 @@ impl Report {
                 crate::scenario::errors_text(&op.errors)
             );
         }
-        if !self.details.is_null() && self.details.as_object().is_some_and(|map| !map.is_empty()) {
+        if let Some(figures) = self.details["figures"].as_array() {
+            out.push_str(&figures_table(figures));
+        } else if !self.details.is_null()
+            && self.details.as_object().is_some_and(|map| !map.is_empty())
+        {
             let _ = writeln!(out, "details {}", self.details);
         }
         out
@@ -198,7 +205,9 @@ impl Report {
 
     fn draw(&self, path: &Path) -> Result<(), String> {
         let error = |e: &dyn std::fmt::Display| e.to_string();
-        let root = SVGBackend::new(path, (1000, 1050)).into_drawing_area();
+        let rss = rss_series(&self.details);
+        let (panels, height) = if rss.is_empty() { (3, 1050) } else { (4, 1400) };
+        let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| error(&e))?;
         let title = format!(
             "{} / {} ({}, {:.0} ops/s)",
@@ -207,12 +216,48 @@ impl Report {
         let root = root
             .titled(&title, ("sans-serif", 22))
             .map_err(|e| error(&e))?;
-        let areas = root.split_evenly((3, 1));
+        let all_areas = root.split_evenly((panels, 1));
         let t_max = self
             .timeline
             .iter()
             .map(|sample| sample.t_s)
+            .chain(
+                rss.iter()
+                    .flat_map(|(_, points)| points.iter().map(|(t, _)| *t)),
+            )
             .fold(1.0, f64::max);
+        let areas = if rss.is_empty() {
+            &all_areas[..]
+        } else {
+            let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+            let lines: Vec<(Vec<(f64, f64)>, RGBColor)> = rss
+                .iter()
+                .enumerate()
+                .map(|(index, (_, points))| (points.clone(), colors[index % colors.len()]))
+                .collect();
+            let nodes: Vec<String> = rss
+                .iter()
+                .enumerate()
+                .map(|(index, (node, _))| {
+                    format!(
+                        "node {node} {}",
+                        ["blue", "red", "green", "magenta", "cyan", "black"][index % 6]
+                    )
+                })
+                .collect();
+            time_chart(
+                &all_areas[0],
+                &format!("node resident memory, MiB ({})", nodes.join(", ")),
+                "MiB",
+                t_max,
+                &lines,
+            )?;
+            &all_areas[1..]
+        };
+        let phases = phase_marks(&self.details);
+        if !phases.is_empty() {
+            mark_phases(&all_areas[0], t_max, &phases)?;
+        }
 
         // Throughput over time, then p99 and p50 over time.
         let throughput: Vec<(f64, f64)> = self
@@ -341,6 +386,127 @@ fn time_chart(
     Ok(())
 }
 
+/// The nodes' memory series of a scale run's details: per node, `(t_s, MiB)` points.
+fn rss_series(details: &Value) -> Vec<(u64, Vec<(f64, f64)>)> {
+    let Some(series) = details["node_rss_series"].as_array() else {
+        return Vec::new();
+    };
+    series
+        .iter()
+        .filter_map(|node| {
+            let id = node["node"].as_u64()?;
+            let points = node["points"]
+                .as_array()?
+                .iter()
+                .filter_map(|point| {
+                    let t = point.get(0)?.as_f64()?;
+                    let bytes = point.get(1)?.as_f64()?;
+                    Some((t, bytes / 1_048_576.0))
+                })
+                .collect();
+            Some((id, points))
+        })
+        .collect()
+}
+
+/// The starts of a run's phases (`details.phases`): `(t_s, name)`.
+fn phase_marks(details: &Value) -> Vec<(f64, String)> {
+    details["phases"]
+        .as_array()
+        .map_or_else(Vec::new, |phases| {
+            phases
+                .iter()
+                .filter_map(|phase| {
+                    Some((
+                        phase["from_s"].as_f64()?,
+                        phase["name"].as_str()?.to_owned(),
+                    ))
+                })
+                .collect()
+        })
+}
+
+/// Thin grey lines at the phases' starts across a panel, each labelled at its top.
+fn mark_phases(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    t_max: f64,
+    phases: &[(f64, String)],
+) -> Result<(), String> {
+    let error = |e: &dyn std::fmt::Display| e.to_string();
+    // The same margins as `time_chart`, so the marks line up with its x axis.
+    let mut chart = ChartBuilder::on(area)
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(70)
+        .caption(" ", ("sans-serif", 16))
+        .build_cartesian_2d(0.0..t_max, 0.0..1.0)
+        .map_err(|e| error(&e))?;
+    let grey = RGBColor(150, 150, 150);
+    for (index, (t, name)) in phases.iter().enumerate() {
+        chart
+            .draw_series(LineSeries::new([(*t, 0.0), (*t, 1.0)], &grey))
+            .map_err(|e| error(&e))?;
+        // Labels alternate in height so that close phases stay readable.
+        #[allow(clippy::cast_precision_loss)]
+        let y = 0.97 - (index % 3) as f64 * 0.06;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                name.clone(),
+                (*t, y),
+                ("sans-serif", 11).into_font().color(&grey),
+            )))
+            .map_err(|e| error(&e))?;
+    }
+    Ok(())
+}
+
+/// The figures of a scale run as a table: item, figure, value, target, verdict.
+fn figures_table(figures: &[Value]) -> String {
+    let rows: Vec<[String; 5]> = figures
+        .iter()
+        .map(|row| {
+            let text = |key: &str| row[key].as_str().unwrap_or("-").to_owned();
+            [
+                text("item"),
+                text("figure"),
+                text("value"),
+                text("target"),
+                text("verdict"),
+            ]
+        })
+        .collect();
+    let header = [
+        "item".to_owned(),
+        "figure".to_owned(),
+        "value".to_owned(),
+        "target".to_owned(),
+        "verdict".to_owned(),
+    ];
+    let mut widths = [0usize; 5];
+    for row in std::iter::once(&header).chain(&rows) {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(&rows) {
+        let _ = writeln!(
+            out,
+            "{:<w0$}  {:<w1$}  {:<w2$}  {:<w3$}  {}",
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            row[4],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3],
+        );
+    }
+    out
+}
+
 /// `50%`, `90%`, `99%`, `99.9%` ... for a number of nines.
 fn percentile_label(nines: f64) -> String {
     let percentile = 100.0 * (1.0 - 10f64.powf(-nines));
@@ -424,6 +590,36 @@ mod tests {
         assert!(svg.contains("throughput"));
         assert!(svg.contains("latency by percentile"));
         assert!(svg.contains("99.9%"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn scale_details_give_a_figures_table_and_a_memory_panel() {
+        let mut report = sample_report();
+        report.scenario = "scale".into();
+        report.details = serde_json::json!({
+            "figures": [
+                {"item": "7", "figure": "restart", "value": "3.20 s", "target": "<= 30 s", "verdict": "met"},
+                {"item": "9", "figure": "storm p99", "value": "-", "target": "<= 2x", "verdict": "-"},
+            ],
+            "node_rss_series": [
+                {"node": 1, "points": [[0.5, 104857600], [1.5, 209715200]]},
+                {"node": 2, "points": [[0.5, 104857600]]},
+            ],
+            "phases": [{"name": "acquire", "from_s": 0.7, "to_s": 1.2}],
+        });
+        let table = report.table();
+        assert!(table.contains("restart"), "{table}");
+        assert!(table.contains("<= 30 s  met"), "{table}");
+        assert!(!table.contains("node_rss_series"), "{table}");
+        let dir = std::env::temp_dir().join(format!("loadgen-scale-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("plot.svg");
+        report.write_plot(&path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.contains("node resident memory"));
+        assert!(svg.contains("acquire"));
+        assert!(svg.contains("throughput"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

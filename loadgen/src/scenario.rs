@@ -24,6 +24,9 @@
 //! - `handoff` (tenure only): with 1, 10 and 1,000 waiters queued on a held resource, the
 //!   latency from a release to the next waiter's grant being answered, and the requests per
 //!   hand-off (`handoff`).
+//! - `scale` (tenure only, with a node control): a cluster driven to N active leases, with its
+//!   memory, snapshots, restart, failovers and an expiry storm measured while a foreground mix
+//!   runs ([`scale`], run by [`scale::run_scale`], not by [`run`]).
 //!
 //! Closed loop: each worker waits for its answer before issuing the next operation. Open loop
 //! (`rate` set; `acquire`, `mixed`, `contended`): each worker has a fixed schedule at
@@ -50,6 +53,7 @@ use crate::stats::{IntervalSample, OpKind, OpSummary, Percentiles, Recorder};
 use crate::target::{HeldLease, HoldHandle, Target};
 
 mod handoff;
+pub mod scale;
 mod session_expiry;
 pub use handoff::HAND_OFFS_MIN;
 pub use session_expiry::SessionEnd;
@@ -70,6 +74,9 @@ pub enum ScenarioKind {
     Expiry,
     /// Hand-offs from a release to the next queued waiter (tenure only).
     Handoff,
+    /// N active leases: memory, snapshots, restart, failovers, an expiry storm (tenure only;
+    /// [`scale::run_scale`]).
+    Scale,
 }
 
 impl ScenarioKind {
@@ -82,6 +89,7 @@ impl ScenarioKind {
             ScenarioKind::Contended => "contended",
             ScenarioKind::Expiry => "expiry",
             ScenarioKind::Handoff => "handoff",
+            ScenarioKind::Scale => "scale",
         }
     }
 }
@@ -297,6 +305,9 @@ pub async fn run(target: Arc<Target>, config: &LoadConfig) -> Result<RunOutcome,
             run_hold(target, config).await
         }
         ScenarioKind::Handoff => handoff::run_handoff(target, config).await,
+        ScenarioKind::Scale => Err(ScenarioError::Config(
+            "scale needs a node control: it runs through scenario::scale::run_scale".into(),
+        )),
         ScenarioKind::Expiry => {
             if config.rate_ops_per_s.is_some() {
                 return Err(ScenarioError::Config("expiry has no open-loop mode".into()));

@@ -109,6 +109,17 @@ struct DevArgs {
     /// within a minute of its start, at most 60) [default: only on `tenure dev restart N`].
     #[arg(long, value_name = "SECONDS")]
     restart_after_s: Option<u64>,
+    /// Each node's lease-state budget (`limits.node_memory_budget_bytes`), which sizes every
+    /// group's lease-record and request-id-record maxima; written into the nodes'
+    /// configurations, kept by later runs [default: 12 GiB split over the nodes, or the
+    /// recorded value].
+    #[arg(long, value_name = "BYTES")]
+    node_memory_budget_bytes: Option<u64>,
+    /// A tenant's cluster-wide active-lease quota (`limits.tenant_active_leases_max`); written
+    /// into the nodes' configurations, kept by later runs [default: 1000000, or the recorded
+    /// value].
+    #[arg(long, value_name = "LEASES")]
+    tenant_active_leases_max: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -335,6 +346,8 @@ async fn run_dev(args: DevArgs) -> Result<(), Failure> {
         ready_timeout: Duration::from_secs(args.ready_timeout_s),
         executable: None,
         restart_after: args.restart_after_s.map(Duration::from_secs),
+        node_memory_budget_bytes: args.node_memory_budget_bytes,
+        tenant_active_leases_max: args.tenant_active_leases_max,
     };
     match dev::run(options).await {
         Ok(()) => Ok(()),

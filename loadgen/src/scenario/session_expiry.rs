@@ -337,20 +337,20 @@ pub(super) async fn run_session_expiry(
 }
 
 /// What the counter showed.
-struct Watched {
+pub(super) struct Watched {
     /// (when a poll's answers were all in, bound leases ended by then), at most
     /// `CURVE_POINTS_MAX` points.
-    curve: Vec<(Instant, u64)>,
-    ended: u64,
-    first_ended: Option<Instant>,
-    all_ended: Option<Instant>,
-    scrape_errors: u64,
+    pub(super) curve: Vec<(Instant, u64)>,
+    pub(super) ended: u64,
+    pub(super) first_ended: Option<Instant>,
+    pub(super) all_ended: Option<Instant>,
+    pub(super) scrape_errors: u64,
 }
 
 /// Polls the nodes' counter every `POLL_EVERY` from `from` until it shows `held` more bound
 /// leases ended than `at_start` (a counter only grows; other runs' sessions may add to it), or
 /// until `deadline`.
-async fn watch_ended(
+pub(super) async fn watch_ended(
     metrics: NodeMetrics,
     at_start: f64,
     held: u64,
@@ -401,7 +401,7 @@ async fn watch_ended(
 }
 
 /// Seconds from `reference` to `at`, negative when `at` is earlier.
-fn signed_s(at: Instant, reference: Instant) -> f64 {
+pub(super) fn signed_s(at: Instant, reference: Instant) -> f64 {
     if at >= reference {
         at.duration_since(reference).as_secs_f64()
     } else {
@@ -466,7 +466,7 @@ async fn end_records(
 /// `[from_s, to_s]` (seconds since the run's start): operations per second, and p50/p99 over
 /// every operation of those seconds together (from the intervals' logarithmic buckets, to within
 /// one bucket).
-fn window(timeline: &[IntervalSample], from_s: f64, to_s: f64) -> Value {
+pub(super) fn window(timeline: &[IntervalSample], from_s: f64, to_s: f64) -> Value {
     let samples: Vec<&IntervalSample> = timeline
         .iter()
         .filter(|sample| sample.t_s > from_s && sample.t_s - 1.0 < to_s)

@@ -4,10 +4,15 @@
 //! node (`DIR/node-N/tenure.toml`, data in `DIR/node-N/data`, insecure development mode on) and
 //! `DIR/dev.toml`, which records the cluster's shape. Later runs on the same directory reuse all
 //! of it, so the same cluster restarts with its data; flags that disagree with the recorded shape
-//! are refused. Each node is this executable (`tenure serve --config ... --allow-insecure-loopback-only`:
-//! development nodes trust claimed principals, which `tenure serve` runs only with that flag and on
-//! loopback) in its own process and
-//! process group, with stdout and stderr appended to `DIR/node-N/node.log`.
+//! are refused. A few settings may change between runs: `--fsync`, and the state limits
+//! `--node-memory-budget-bytes` and `--tenant-active-leases-max` (recorded in the nodes'
+//! configurations, `[limits]`, which every start of a node reads; a run that gives one rewrites
+//! every node's configuration with it, and later runs without it keep it).
+//!
+//! Each node is this executable (`tenure serve --config ... --allow-insecure-loopback-only`:
+//! development nodes trust claimed principals, which `tenure serve` runs only with that flag and
+//! on loopback) in its own process and process group, with stdout and stderr appended to
+//! `DIR/node-N/node.log`.
 //!
 //! Once every node answers `GET /readyz` with 200 (every group has a leader), `DIR/cluster.json`
 //! is written; it exists exactly while the cluster is up (it is removed at start and at stop).
@@ -114,6 +119,14 @@ pub struct DevOptions {
     /// Restart a node that died by itself after this long (doubled for each death within a
     /// minute of its start, at most a minute); `None` waits for `tenure dev restart N`.
     pub restart_after: Option<Duration>,
+    /// Each node's lease-state budget, `limits.node_memory_budget_bytes`, which sizes every
+    /// group's record maxima (default: [`tenure_core::NODE_STATE_BYTES_DEFAULT`] split over the
+    /// nodes, or the value recorded in the nodes' configurations). May change between runs.
+    pub node_memory_budget_bytes: Option<u64>,
+    /// A tenant's cluster-wide active-lease quota, `limits.tenant_active_leases_max` (default
+    /// [`tenure_core::TENANT_ACTIVE_LEASES_MAX_DEFAULT`], or the recorded value). May change
+    /// between runs.
+    pub tenant_active_leases_max: Option<u64>,
 }
 
 impl Default for DevOptions {
@@ -128,6 +141,8 @@ impl Default for DevOptions {
             ready_timeout: Duration::from_secs(120),
             executable: None,
             restart_after: None,
+            node_memory_budget_bytes: None,
+            tenant_active_leases_max: None,
         }
     }
 }
@@ -395,6 +410,7 @@ fn reuse(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
         ));
     }
     let change_fsync = options.fsync.filter(|f| *f != shape.fsync);
+    let mut limits_changed = false;
     let mut nodes = Vec::new();
     for id in 1..=u64::from(shape.nodes) {
         let node_dir = node_dir(&dir, id);
@@ -411,8 +427,17 @@ fn reuse(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
                 config.node_id
             )));
         }
+        let mut changed = false;
         if let Some(fsync) = change_fsync {
             config.storage.fsync = fsync;
+            changed = true;
+        }
+        if apply_state_limits(&mut config, options) {
+            config.validate()?;
+            changed = true;
+            limits_changed = true;
+        }
+        if changed {
             write_node_config(&config_path, &config)?;
         }
         nodes.push(DevNode {
@@ -426,6 +451,13 @@ fn reuse(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
         shape.fsync = fsync;
         write_shape(&dir, &shape)?;
         info!(fsync, "changed the nodes' storage.fsync");
+    }
+    if limits_changed {
+        info!(
+            node_memory_budget_bytes = ?options.node_memory_budget_bytes,
+            tenant_active_leases_max = ?options.tenant_active_leases_max,
+            "changed the nodes' state limits"
+        );
     }
     let ca_cert = nodes
         .first()
@@ -497,6 +529,7 @@ fn create(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
         // default budget (half the reference machine's memory), not one budget each.
         config.limits.node_memory_budget_bytes =
             tenure_core::NODE_STATE_BYTES_DEFAULT / u64::from(nodes.max(1));
+        apply_state_limits(&mut config, options);
         config.validate()?;
         dev_nodes.push(DevNode {
             id: *id,
@@ -537,6 +570,26 @@ fn create(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
         ca_cert: paths.ca_cert,
         created: true,
     })
+}
+
+/// Sets the state limits `options` gives (budget, tenant quota) in `config`; true when that
+/// changed it.
+fn apply_state_limits(config: &mut ServerConfig, options: &DevOptions) -> bool {
+    let limits = &mut config.limits;
+    let before = (
+        limits.node_memory_budget_bytes,
+        limits.tenant_active_leases_max,
+    );
+    if let Some(bytes) = options.node_memory_budget_bytes {
+        limits.node_memory_budget_bytes = bytes;
+    }
+    if let Some(leases) = options.tenant_active_leases_max {
+        limits.tenant_active_leases_max = leases;
+    }
+    (
+        limits.node_memory_budget_bytes,
+        limits.tenant_active_leases_max,
+    ) != before
 }
 
 /// Prepares node `id` for a running development cluster: free ports (or `base + id`), a
@@ -854,6 +907,20 @@ fn print_ready(cluster: &DevCluster, took: Duration) {
         "cluster file: {}\n",
         cluster.cluster_file().display()
     ));
+    if let Some(node) = cluster.nodes.first()
+        && let Ok(plan) = node.config.state_memory_plan()
+    {
+        out.push_str(&format!(
+            "state limits per node: budget {} bytes; per group {} lease records, {} request-id \
+             records, {} tenants; a tenant may hold {} active leases ({} per group)\n",
+            node.config.limits.node_memory_budget_bytes,
+            plan.group_lease_records_max,
+            plan.group_dedup_records_max,
+            plan.group_tenants_max,
+            node.config.limits.tenant_active_leases_max,
+            plan.tenant_group_share,
+        ));
+    }
     for node in &cluster.nodes {
         if let Some(own) = node.config.own_peer() {
             out.push_str(&format!(
@@ -1060,6 +1127,98 @@ mod tests {
                 .fsync
         );
         assert!(!prepare(&options(&dir)).unwrap().shape.fsync);
+    }
+
+    #[test]
+    fn state_limits_are_set_at_creation_changed_later_and_kept_otherwise() {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().join("dev");
+        // Default: the 12 GiB default budget split over the three nodes.
+        let created = prepare(&options(&dir)).unwrap();
+        let limits = &created.nodes[0].config.limits;
+        assert_eq!(
+            limits.node_memory_budget_bytes,
+            tenure_core::NODE_STATE_BYTES_DEFAULT / 3
+        );
+        assert_eq!(
+            limits.tenant_active_leases_max,
+            tenure_core::TENANT_ACTIVE_LEASES_MAX_DEFAULT
+        );
+        let default_records = created.nodes[0]
+            .config
+            .state_memory_plan()
+            .unwrap()
+            .group_lease_records_max;
+
+        // A later run with the flags rewrites every node's configuration.
+        let mut bigger = options(&dir);
+        bigger.node_memory_budget_bytes = Some(17_500_000_000);
+        bigger.tenant_active_leases_max = Some(20_000_000);
+        let changed = prepare(&bigger).unwrap();
+        for node in &changed.nodes {
+            let loaded = config::load(&node.config_path).unwrap();
+            assert_eq!(loaded.limits.node_memory_budget_bytes, 17_500_000_000);
+            assert_eq!(loaded.limits.tenant_active_leases_max, 20_000_000);
+            let plan = loaded.state_memory_plan().unwrap();
+            assert!(plan.group_lease_records_max > default_records, "{plan:?}");
+        }
+        // Without the flags, the recorded values stay.
+        let again = prepare(&options(&dir)).unwrap();
+        assert_eq!(
+            again.nodes[2].config.limits.node_memory_budget_bytes,
+            17_500_000_000
+        );
+        assert_eq!(
+            again.nodes[2].config.limits.tenant_active_leases_max,
+            20_000_000
+        );
+
+        // Given at creation, they are written from the start.
+        let mut at_creation = options(&temp.path().join("other"));
+        at_creation.tenant_active_leases_max = Some(3_000_000);
+        let created = prepare(&at_creation).unwrap();
+        let loaded = config::load(&created.nodes[1].config_path).unwrap();
+        assert_eq!(loaded.limits.tenant_active_leases_max, 3_000_000);
+
+        // A budget too small for the groups, or a zero quota, is refused and nothing is written.
+        let mut tiny = options(&dir);
+        tiny.node_memory_budget_bytes = Some(1_000);
+        let message = prepare(&tiny).unwrap_err().to_string();
+        assert!(message.contains("node_memory_budget_bytes"), "{message}");
+        let mut zero = options(&dir);
+        zero.tenant_active_leases_max = Some(0);
+        let message = prepare(&zero).unwrap_err().to_string();
+        assert!(message.contains("tenant_active_leases_max"), "{message}");
+        assert_eq!(
+            config::load(&again.nodes[0].config_path)
+                .unwrap()
+                .limits
+                .node_memory_budget_bytes,
+            17_500_000_000
+        );
+    }
+
+    /// The arithmetic of the loadgen README's scale section: 64 groups on every node of three,
+    /// and the per-group maxima a budget gives.
+    #[test]
+    fn scale_budget_gives_the_documented_per_group_maxima() {
+        let temp = tempfile::tempdir().unwrap();
+        let mut opts = options(&temp.path().join("dev"));
+        opts.groups = Some(64);
+        opts.node_memory_budget_bytes = Some(17_500_000_000);
+        let cluster = prepare(&opts).unwrap();
+        let plan = cluster.nodes[0].config.state_memory_plan().unwrap();
+        assert_eq!(plan.hosted_groups_max, 64);
+        assert_eq!(plan.group_tenants_max, 16_384);
+        assert_eq!(plan.group_lease_records_max, 170_000);
+        assert_eq!(plan.group_dedup_records_max, 170_000);
+        // The default budget of a dev node (12 GiB / 3) at 64 groups.
+        let mut default = options(&temp.path().join("default"));
+        default.groups = Some(64);
+        let cluster = prepare(&default).unwrap();
+        let plan = cluster.nodes[0].config.state_memory_plan().unwrap();
+        assert_eq!(plan.group_lease_records_max, 38_000);
+        assert_eq!(plan.tenant_group_share, 19_532);
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod http_api;
 mod http_slowloris;
 mod insecure_switches;
 mod loadgen;
+mod loadgen_scale;
 mod membership;
 mod ops_kit;
 mod replay_expiry;
