@@ -6,9 +6,11 @@
 //!    acquire target (acquiring N must take no longer than N divided by it);
 //! 2. a failover on the empty cluster: the node leading the most groups is killed, and every
 //!    group is probed until it serves again ([`probe`]); the node is started again;
-//! 3. N leases acquired, the session share bound to sessions (kept alive by the load generator
-//!    itself with batched keep-alives, [`sessions`], so its memory does not grow with them) and the
-//!    rest held on their own with a long ttl (renewed by the client library); see [`plan`];
+//! 3. N leases acquired, the session share bound to sessions (acquired in Batch requests of up
+//!    to 256 per tenant and group, as a fleet taking many leases at once would; kept alive by the
+//!    load generator itself with batched keep-alives, [`sessions`], so its memory does not grow
+//!    with them) and the rest held on their own with a long ttl (one acquire request each,
+//!    renewed by the client library); see [`plan`];
 //! 4. a steady window holding them, against the same window before acquiring (taken on the
 //!    undisturbed empty cluster, before the first failover);
 //! 5. each node's resident memory before and after, bytes per active lease per replica, and the
@@ -31,12 +33,14 @@ mod probe;
 mod sampler;
 mod sessions;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tenure_client::{AcquireOptions, Client, Lease, ResourceKey};
+use tenure_core::{LeaseOp, SessionAcquireRequest};
 
 use self::plan::{Part, Plan};
 use self::sampler::{NodeReader, NodeReading, Sampler};
@@ -128,6 +132,11 @@ const FOREGROUND_TTL: Duration = Duration::from_secs(15);
 const FOREGROUND_HELD_PER_WORKER: usize = 10;
 /// Attempts of one acquire (the same request id each time) before it counts as failed.
 const ACQUIRE_ATTEMPTS: u32 = 3;
+/// Lease indexes an acquire worker takes at a time (its session leases are batched per tenant
+/// and group within the block).
+const ACQUIRE_BLOCK: u64 = 1_024;
+/// Session acquires in one Batch request at most (the proposer's default entry size).
+const ACQUIRE_BATCH_OPS: usize = 256;
 
 /// The default storm size for N leases: N/10, at most 1,000,000.
 pub fn default_storm_leases(leases: u64) -> u64 {
@@ -321,80 +330,173 @@ struct Acquirer {
 }
 
 impl Acquirer {
-    /// One worker: takes the next lease index until all are taken or `deadline`; keeps the
-    /// individual leases' handles (the client library renews them).
+    /// One worker: takes the next block of lease indexes until all are taken or `deadline`.
+    /// Session leases go out in Batch requests (one per tenant and group, at most
+    /// [`ACQUIRE_BATCH_OPS`] each), as a fleet acquiring many leases at once would send them;
+    /// an item a Batch could not grant is retried alone. Individual leases are acquired one
+    /// request each, and their handles kept (the client library renews them).
     async fn worker(self: Arc<Self>, worker: usize, deadline: Instant) -> Vec<Lease> {
         let mut leases = Vec::new();
         loop {
-            let index = self.next.fetch_add(1, Ordering::Relaxed);
-            if index >= self.plan.leases || Instant::now() >= deadline {
+            let first = self.next.fetch_add(ACQUIRE_BLOCK, Ordering::Relaxed);
+            if first >= self.plan.leases || Instant::now() >= deadline {
                 return leases;
             }
-            let slot = self.plan.slot(index);
-            let code = char::from(slot.part.code());
-            let resource = format!("{code}{}", slot.index);
-            let request_id = format!("{:08x}{code}{}", self.tag, slot.index);
-            for attempt in 1..=ACQUIRE_ATTEMPTS {
-                let sent = Instant::now();
-                let outcome = match slot.part {
-                    Part::Main | Part::Storm => {
-                        let set = if slot.part == Part::Main {
-                            &self.main
-                        } else {
-                            &self.storm
-                        };
-                        let Some((session_id, tenant)) = set.session(slot.session) else {
-                            break;
-                        };
-                        let key = ResourceKey::new(tenant, resource.as_str());
-                        tokio::time::timeout(
-                            OP_TIMEOUT,
-                            self.client.acquire_in_session(
-                                &key,
-                                set.owner(),
-                                session_id,
-                                Some(request_id.clone()),
-                            ),
-                        )
-                        .await
-                        .map(|answer| answer.map(drop))
-                    }
-                    Part::Individual => {
-                        let options = AcquireOptions::new(
-                            self.names.tenant(Part::Individual, slot.tenant),
-                            resource.as_str(),
-                            self.holder.as_str(),
-                            self.individual_ttl,
-                        )
-                        .request_id(request_id.clone());
-                        tokio::time::timeout(OP_TIMEOUT, self.client.acquire_with(options))
-                            .await
-                            .map(|answer| answer.map(|lease| leases.push(lease)))
-                    }
+            let last = (first + ACQUIRE_BLOCK).min(self.plan.leases);
+            let mut batches: BTreeMap<(String, u32), Vec<(u64, LeaseOp)>> = BTreeMap::new();
+            for index in first..last {
+                let Some(op) = self.session_op(index) else {
+                    self.acquire_one(worker, index, &mut leases, deadline).await;
+                    continue;
                 };
-                let (code, retry) = match &outcome {
-                    Ok(Ok(())) => (None, false),
-                    Ok(Err(error)) => (Some(error.code_str()), error.is_retryable()),
-                    Err(_) => (Some("DEADLINE_EXCEEDED"), true),
+                let LeaseOp::AcquireInSession(request) = &op else {
+                    continue;
                 };
-                self.recorder.record(
-                    worker,
-                    OpKind::Acquire,
-                    sent.elapsed(),
-                    code.map_or(Ok(()), Err),
-                );
-                if code.is_none() {
-                    let counter = match slot.part {
-                        Part::Main => &self.held.main,
-                        Part::Storm => &self.held.storm,
-                        Part::Individual => &self.held.individual,
+                match self.client.group_of(&request.key).await {
+                    Ok(group) => batches
+                        .entry((request.key.tenant_id.clone(), group))
+                        .or_default()
+                        .push((index, op)),
+                    Err(_) => self.acquire_one(worker, index, &mut leases, deadline).await,
+                }
+            }
+            for items in batches.into_values() {
+                for chunk in items.chunks(ACQUIRE_BATCH_OPS) {
+                    self.acquire_batch(worker, chunk, &mut leases, deadline)
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// The AcquireInSession of lease `index`, `None` for an individual lease.
+    fn session_op(&self, index: u64) -> Option<LeaseOp> {
+        let slot = self.plan.slot(index);
+        let set = match slot.part {
+            Part::Main => &self.main,
+            Part::Storm => &self.storm,
+            Part::Individual => return None,
+        };
+        let (session_id, tenant) = set.session(slot.session)?;
+        let code = char::from(slot.part.code());
+        Some(LeaseOp::AcquireInSession(SessionAcquireRequest {
+            key: ResourceKey::new(tenant, format!("{code}{}", slot.index).as_str()),
+            holder_id: set.owner().to_owned(),
+            session_id,
+            request_id: format!("{:08x}{code}{}", self.tag, slot.index),
+        }))
+    }
+
+    /// Sends one Batch of session acquires (one tenant, one group); items it did not grant
+    /// (or all of them, when the Batch itself failed) are retried one by one.
+    async fn acquire_batch(
+        &self,
+        worker: usize,
+        chunk: &[(u64, LeaseOp)],
+        leases: &mut Vec<Lease>,
+        deadline: Instant,
+    ) {
+        let ops: Vec<LeaseOp> = chunk.iter().map(|(_, op)| op.clone()).collect();
+        let sent = Instant::now();
+        let answer = tokio::time::timeout(OP_TIMEOUT, self.client.batch(ops)).await;
+        let took = sent.elapsed();
+        let results = match answer {
+            Ok(Ok(results)) if results.len() == chunk.len() => results,
+            _ => {
+                for &(index, _) in chunk {
+                    self.acquire_one(worker, index, leases, deadline).await;
+                }
+                return;
+            }
+        };
+        for (&(index, _), result) in chunk.iter().zip(results) {
+            match result {
+                Ok(_) => {
+                    self.recorder.record(worker, OpKind::Acquire, took, Ok(()));
+                    self.count_held(self.plan.slot(index).part);
+                }
+                Err(_) => self.acquire_one(worker, index, leases, deadline).await,
+            }
+        }
+    }
+
+    fn count_held(&self, part: Part) {
+        let counter = match part {
+            Part::Main => &self.held.main,
+            Part::Storm => &self.held.storm,
+            Part::Individual => &self.held.individual,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Acquires lease `index` alone, retrying a retryable refusal up to [`ACQUIRE_ATTEMPTS`]
+    /// times; an individual lease's handle goes to `leases`.
+    async fn acquire_one(
+        &self,
+        worker: usize,
+        index: u64,
+        leases: &mut Vec<Lease>,
+        deadline: Instant,
+    ) {
+        let slot = self.plan.slot(index);
+        let code = char::from(slot.part.code());
+        let resource = format!("{code}{}", slot.index);
+        let request_id = format!("{:08x}{code}{}", self.tag, slot.index);
+        for attempt in 1..=ACQUIRE_ATTEMPTS {
+            let sent = Instant::now();
+            let outcome = match slot.part {
+                Part::Main | Part::Storm => {
+                    let set = if slot.part == Part::Main {
+                        &self.main
+                    } else {
+                        &self.storm
                     };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    break;
+                    let Some((session_id, tenant)) = set.session(slot.session) else {
+                        return;
+                    };
+                    let key = ResourceKey::new(tenant, resource.as_str());
+                    tokio::time::timeout(
+                        OP_TIMEOUT,
+                        self.client.acquire_in_session(
+                            &key,
+                            set.owner(),
+                            session_id,
+                            Some(request_id.clone()),
+                        ),
+                    )
+                    .await
+                    .map(|answer| answer.map(drop))
                 }
-                if !retry || attempt == ACQUIRE_ATTEMPTS || Instant::now() >= deadline {
-                    break;
+                Part::Individual => {
+                    let options = AcquireOptions::new(
+                        self.names.tenant(Part::Individual, slot.tenant),
+                        resource.as_str(),
+                        self.holder.as_str(),
+                        self.individual_ttl,
+                    )
+                    .request_id(request_id.clone());
+                    tokio::time::timeout(OP_TIMEOUT, self.client.acquire_with(options))
+                        .await
+                        .map(|answer| answer.map(|lease| leases.push(lease)))
                 }
+            };
+            let (code, retry) = match &outcome {
+                Ok(Ok(())) => (None, false),
+                Ok(Err(error)) => (Some(error.code_str()), error.is_retryable()),
+                Err(_) => (Some("DEADLINE_EXCEEDED"), true),
+            };
+            self.recorder.record(
+                worker,
+                OpKind::Acquire,
+                sent.elapsed(),
+                code.map_or(Ok(()), Err),
+            );
+            if code.is_none() {
+                self.count_held(slot.part);
+                return;
+            }
+            if !retry || attempt == ACQUIRE_ATTEMPTS || Instant::now() >= deadline {
+                return;
             }
         }
     }
