@@ -36,6 +36,11 @@ WORKERS=${WORKERS:-256}
 WINDOW=${WINDOW:-20s}
 SATURATION=${SATURATION:-10s}
 LEASES_PER_TENANT=${LEASES_PER_TENANT:-500000}
+# Log entries between a group's snapshots (`tenure dev --snapshot-every-entries`; the default
+# 10,000 is never reached here: the session leases are acquired 256 to an entry, so a million
+# leases are about 60 entries per group). At 200 every group builds snapshots during the run
+# (the foreground alone is a few entries per second per group), so the build figures are real.
+SNAPSHOT_EVERY_ENTRIES=${SNAPSHOT_EVERY_ENTRIES:-200}
 # Worst-case heap bytes of a lease record plus a request-id record, and of a tenant's entry
 # (tenure_core::LEASE_RECORD_BYTES_WORST + DEDUP_RECORD_BYTES_WORST, TENANT_BYTES_WORST), and
 # the tenants per group the budget then reserves (GROUP_TENANTS_MAX_DEFAULT).
@@ -55,8 +60,9 @@ OUT=${OUT:-bench/results/scale-$(date -u +%Y%m%dT%H%M%SZ)}
 . bench/lib.sh
 bench_setup scale
 
-echo "scale: $LEASES leases, $GROUP_COUNT groups, budget $NODE_MEMORY_BUDGET_BYTES bytes per node, foreground $FOREGROUND_RATE ops/s"
-start_dev "$GROUP_COUNT" "$OUT/dev.log" --node-memory-budget-bytes "$NODE_MEMORY_BUDGET_BYTES"
+echo "scale: $LEASES leases, $GROUP_COUNT groups, budget $NODE_MEMORY_BUDGET_BYTES bytes per node, snapshot every $SNAPSHOT_EVERY_ENTRIES entries, foreground $FOREGROUND_RATE ops/s"
+start_dev "$GROUP_COUNT" "$OUT/dev.log" --node-memory-budget-bytes "$NODE_MEMORY_BUDGET_BYTES" \
+  --snapshot-every-entries "$SNAPSHOT_EVERY_ENTRIES"
 grep -h "state limits per node" "$OUT/dev.log" || true
 storm=()
 [ -n "$STORM_LEASES" ] && storm=(--storm-leases "$STORM_LEASES")
@@ -74,7 +80,7 @@ if [ "$status" -ne 0 ]; then
   tail -30 "$OUT/scale.progress" >&2
 fi
 {
-  echo "\$ LEASES=$LEASES GROUP_COUNT=$GROUP_COUNT FOREGROUND_RATE=$FOREGROUND_RATE ./bench/scale.sh"
+  echo "\$ LEASES=$LEASES GROUP_COUNT=$GROUP_COUNT FOREGROUND_RATE=$FOREGROUND_RATE SNAPSHOT_EVERY_ENTRIES=$SNAPSHOT_EVERY_ENTRIES ./bench/scale.sh"
   grep -h "state limits per node" "$OUT/dev.log" || true
   cat "$OUT/scale.txt"
 } | tee "$OUT/table.txt"

@@ -120,6 +120,10 @@ struct DevArgs {
     /// value].
     #[arg(long, value_name = "LEASES")]
     tenant_active_leases_max: Option<u64>,
+    /// Log entries between a group's snapshots (`timing.snapshot_every_entries`); written into
+    /// the nodes' configurations, kept by later runs [default: 10000, or the recorded value].
+    #[arg(long, value_name = "ENTRIES")]
+    snapshot_every_entries: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -348,6 +352,7 @@ async fn run_dev(args: DevArgs) -> Result<(), Failure> {
         restart_after: args.restart_after_s.map(Duration::from_secs),
         node_memory_budget_bytes: args.node_memory_budget_bytes,
         tenant_active_leases_max: args.tenant_active_leases_max,
+        snapshot_every_entries: args.snapshot_every_entries,
     };
     match dev::run(options).await {
         Ok(()) => Ok(()),

@@ -127,6 +127,9 @@ pub struct DevOptions {
     /// [`tenure_core::TENANT_ACTIVE_LEASES_MAX_DEFAULT`], or the recorded value). May change
     /// between runs.
     pub tenant_active_leases_max: Option<u64>,
+    /// Log entries between a group's snapshots, `timing.snapshot_every_entries` (default 10,000,
+    /// or the recorded value). May change between runs.
+    pub snapshot_every_entries: Option<u64>,
 }
 
 impl Default for DevOptions {
@@ -143,6 +146,7 @@ impl Default for DevOptions {
             restart_after: None,
             node_memory_budget_bytes: None,
             tenant_active_leases_max: None,
+            snapshot_every_entries: None,
         }
     }
 }
@@ -456,6 +460,7 @@ fn reuse(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
         info!(
             node_memory_budget_bytes = ?options.node_memory_budget_bytes,
             tenant_active_leases_max = ?options.tenant_active_leases_max,
+            snapshot_every_entries = ?options.snapshot_every_entries,
             "changed the nodes' state limits"
         );
     }
@@ -572,9 +577,14 @@ fn create(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
     })
 }
 
-/// Sets the state limits `options` gives (budget, tenant quota) in `config`; true when that
-/// changed it.
+/// Sets the state limits `options` gives (budget, tenant quota) and the snapshot interval in
+/// `config`; true when that changed it.
 fn apply_state_limits(config: &mut ServerConfig, options: &DevOptions) -> bool {
+    let snapshot_every_before = config.timing.snapshot_every_entries;
+    if let Some(entries) = options.snapshot_every_entries {
+        config.timing.snapshot_every_entries = entries;
+    }
+    let snapshot_changed = config.timing.snapshot_every_entries != snapshot_every_before;
     let limits = &mut config.limits;
     let before = (
         limits.node_memory_budget_bytes,
@@ -586,10 +596,11 @@ fn apply_state_limits(config: &mut ServerConfig, options: &DevOptions) -> bool {
     if let Some(leases) = options.tenant_active_leases_max {
         limits.tenant_active_leases_max = leases;
     }
-    (
-        limits.node_memory_budget_bytes,
-        limits.tenant_active_leases_max,
-    ) != before
+    snapshot_changed
+        || (
+            limits.node_memory_budget_bytes,
+            limits.tenant_active_leases_max,
+        ) != before
 }
 
 /// Prepares node `id` for a running development cluster: free ports (or `base + id`), a
@@ -1154,9 +1165,11 @@ mod tests {
         let mut bigger = options(&dir);
         bigger.node_memory_budget_bytes = Some(17_500_000_000);
         bigger.tenant_active_leases_max = Some(20_000_000);
+        bigger.snapshot_every_entries = Some(40);
         let changed = prepare(&bigger).unwrap();
         for node in &changed.nodes {
             let loaded = config::load(&node.config_path).unwrap();
+            assert_eq!(loaded.timing.snapshot_every_entries, 40);
             assert_eq!(loaded.limits.node_memory_budget_bytes, 17_500_000_000);
             assert_eq!(loaded.limits.tenant_active_leases_max, 20_000_000);
             let plan = loaded.state_memory_plan().unwrap();
@@ -1172,6 +1185,7 @@ mod tests {
             again.nodes[2].config.limits.tenant_active_leases_max,
             20_000_000
         );
+        assert_eq!(again.nodes[2].config.timing.snapshot_every_entries, 40);
 
         // Given at creation, they are written from the start.
         let mut at_creation = options(&temp.path().join("other"));
