@@ -8,7 +8,9 @@
 //! - **after** (`LeaseStateMachine::freeze`, then the write with the lock released): the time of
 //!   the freeze alone, which is all apply waits for now (the lock is held for nothing else);
 //! - what the freeze costs apply afterwards: random renewals applied while a frozen copy is
-//!   alive (each first write to a chunk copies it) against the same renewals with none;
+//!   alive (each first write to a chunk copies it) against the same renewals with none, and the
+//!   worst case, the first Batch entry of 256 random renewals right after a freeze (it copies
+//!   nearly every chunk it touches) against the same entry with none;
 //! - the snapshot's size and the time to restore it (`read_snapshot`, which a restart and a
 //!   snapshot install pay).
 //!
@@ -26,10 +28,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use tenure_bench::{RESIDENT_LEASES, Resident, XorShift64, bench_limits};
-use tenure_core::{GroupLimits, LeaseStateMachine, StateOptions};
+use tenure_core::{Entry, GroupLimits, LeaseStateMachine, StateOptions};
 
 /// Renewals applied to measure the copy-on-write cost after a freeze.
 const RENEWALS: usize = 200_000;
+/// Renewals in one Batch entry (the proposer's default entry size).
+const BATCH_RENEWALS: usize = 256;
+
+/// One Batch entry renewing `count` random resident leases.
+fn batch_of_renewals(resident: &mut Resident, rng: &mut XorShift64, count: usize) -> Entry {
+    let ops = (0..count)
+        .map(|_| {
+            let index = rng.below(resident.len());
+            resident.renew_op(index)
+        })
+        .collect();
+    resident.harness.batch(ops)
+}
 
 struct Options {
     leases: usize,
@@ -157,6 +172,25 @@ fn main() -> Result<()> {
         );
     }
     let _ = std::fs::remove_file(&path);
+    let mut rng_for_batches = XorShift64::new(11);
+
+    // The worst single entry: Batch entries of 256 random renewals (the proposer's default
+    // entry size), the first applied right after a freeze, which copies every slab and ring chunk
+    // it touches; against the same entries with no frozen copy alive.
+    let mut first_after_freeze = Vec::new();
+    let mut without_freeze = Vec::new();
+    for _ in 0..options.rounds {
+        let entry = batch_of_renewals(&mut resident, &mut rng_for_batches, BATCH_RENEWALS);
+        let frozen = resident.harness.state().freeze();
+        let start = Instant::now();
+        std::hint::black_box(resident.harness.apply(&entry));
+        first_after_freeze.push(start.elapsed());
+        drop(frozen);
+        let entry = batch_of_renewals(&mut resident, &mut rng_for_batches, BATCH_RENEWALS);
+        let start = Instant::now();
+        std::hint::black_box(resident.harness.apply(&entry));
+        without_freeze.push(start.elapsed());
+    }
 
     // Renewals with no frozen copy alive, then the same number with one alive (taken just
     // before): the difference is the chunk copies.
@@ -195,6 +229,20 @@ fn main() -> Result<()> {
         "restore (read_snapshot: a restart, an install)",
         ms(restore_median),
         ms(restore_max)
+    );
+    let (first_median, first_max) = median_max(&mut first_after_freeze);
+    let (plain_median, plain_max) = median_max(&mut without_freeze);
+    println!(
+        "{:<62} {:>10.2} {:>10.2}",
+        format!("after: the first {BATCH_RENEWALS}-renewal entry after a freeze (chunk copies)"),
+        ms(first_median),
+        ms(first_max)
+    );
+    println!(
+        "{:<62} {:>10.2} {:>10.2}",
+        format!("the same entry with no frozen copy alive"),
+        ms(plain_median),
+        ms(plain_max)
     );
     println!(
         "snapshot {bytes} bytes ({:.1} per lease); {RENEWALS} random renewals: {:.3} us each \

@@ -54,7 +54,12 @@ impl<T: Clone> ChunkedRing<T> {
 
     pub(crate) fn push_back(&mut self, value: T) {
         match self.chunks.back_mut() {
-            Some(chunk) if chunk.len() < RING_CHUNK_ITEMS => Arc::make_mut(chunk).push(value),
+            Some(chunk) if chunk.len() < RING_CHUNK_ITEMS => {
+                let chunk = Arc::make_mut(chunk);
+                // A copied tail chunk has capacity for its length only: no doubling past a chunk.
+                chunk.reserve_exact(RING_CHUNK_ITEMS - chunk.len());
+                chunk.push(value);
+            }
             _ => {
                 let mut chunk = Vec::with_capacity(RING_CHUNK_ITEMS);
                 chunk.push(value);
