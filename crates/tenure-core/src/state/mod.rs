@@ -22,7 +22,7 @@ mod snapshot;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::hash::BuildHasher;
 use std::ops::Bound;
 
@@ -48,6 +48,7 @@ use crate::ids::{GroupId, LeaseId, ResourceKey};
 use crate::limits::{GroupLimits, TenantPolicy};
 use crate::negative::NegativeControl;
 use crate::validate::{validate_holder_id, validate_request_id, validate_tenant_id};
+use chunked_ring::ChunkedRing;
 use dedup::{DedupRecord, DedupTable, HashBuilder, Lookup};
 use queue::WaitQueues;
 use session::{SessionStatus, SessionTables};
@@ -192,7 +193,8 @@ pub struct LeaseStateMachine {
     by_key: HashTable<u32>,
     by_expiry: BTreeSet<(u64, u32)>,
     by_tenant: BTreeSet<(u32, u64, u32)>,
-    inactive: VecDeque<(u32, u64)>,
+    /// Copy-on-write chunks, like the slab: a snapshot's freeze shares it instead of copying it.
+    inactive: ChunkedRing<(u32, u64)>,
     inactive_count: u64,
     dedup: DedupTable,
     /// Session records and the leases bound to them (see [`session`]).
@@ -227,7 +229,7 @@ impl LeaseStateMachine {
             by_key: HashTable::new(),
             by_expiry: BTreeSet::new(),
             by_tenant: BTreeSet::new(),
-            inactive: VecDeque::new(),
+            inactive: ChunkedRing::new(),
             inactive_count: 0,
             dedup: DedupTable::new(hash_builder.clone()),
             sessions: SessionTables::new(),
@@ -1098,7 +1100,8 @@ impl LeaseStateMachine {
 
     /// Drops the oldest retained inactive record. False when there is none.
     fn evict_oldest_inactive(&mut self) -> bool {
-        while let Some((slot, token)) = self.inactive.pop_front() {
+        while let Some(&(slot, token)) = self.inactive.front() {
+            self.inactive.drop_front();
             if self.inactive_entry_is_live(slot, token) {
                 self.free_inactive(slot);
                 return true;
@@ -1139,7 +1142,7 @@ impl LeaseStateMachine {
                 }
                 self.free_inactive(slot);
             }
-            self.inactive.pop_front();
+            self.inactive.drop_front();
             budget -= 1;
         }
     }

@@ -262,9 +262,10 @@ fn corrupt(message: impl Into<String>) -> SnapshotError {
 /// with the lock released, so apply stops only for the freeze (issue 25: a build used to hold the
 /// state for its whole write, about 0.45 s per million leases).
 ///
-/// What the freeze copies outright: the tenants, the free lists, the inactive queue and the
-/// ended-sessions queue (plain integers), the cluster metadata and the queued waiters (at most
-/// [`super::GROUP_WAITERS_MAX`]). The session bindings are not copied: they are the lease
+/// What the freeze copies outright: the tenants, the free lists and the ended-sessions queue
+/// (plain integers), the cluster metadata and the queued waiters (at most
+/// [`super::GROUP_WAITERS_MAX`]). The inactive queue, which holds every lease end of the
+/// retention window, is a [`ChunkedRing`] like the request-id ring. The session bindings are not copied: they are the lease
 /// records' own `session` fields, collected when written.
 #[derive(Debug, Clone)]
 pub struct FrozenState {
@@ -274,7 +275,7 @@ pub struct FrozenState {
     limits: GroupLimits,
     tenants: Vec<TenantState>,
     slab: Slab<LeaseRecord>,
-    inactive: VecDeque<(u32, u64)>,
+    inactive: ChunkedRing<(u32, u64)>,
     inactive_count: u64,
     dedup_ring: ChunkedRing<DedupRecord>,
     dedup_front_sequence: u64,
