@@ -319,8 +319,8 @@ impl GroupHandle {
             .map_err(WireError::from_lease_error)
     }
 
-    /// Like [`GroupHandle::get_at`], `None` at once when the state is busy (being applied to or
-    /// snapshotted) instead of waiting for it.
+    /// Like [`GroupHandle::get_at`], `None` at once when the state is busy (being applied to, or
+    /// frozen for a snapshot) instead of waiting for it.
     pub fn try_get_at(
         &self,
         key: &ResourceKey,

@@ -158,7 +158,8 @@ pub const NODE_REPLICAS: &str = "tenure_node_replicas";
 /// Groups led per node, by `node`, as the placement controller last counted them (exported by
 /// the controller's node only).
 pub const NODE_LEADERS: &str = "tenure_node_leaders";
-/// The node process's resident set size, in bytes (Linux `/proc/self/statm`; absent elsewhere).
+/// The node process's resident set size, in bytes (Linux `/proc/self/statm`; 0 where that file
+/// does not exist).
 pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "tenure_process_resident_memory_bytes";
 /// Lease records (active and retained inactive) in every group this node hosts, leader or not.
 pub const STATE_LEASE_RECORDS: &str = "tenure_state_lease_records";
@@ -166,7 +167,7 @@ pub const STATE_LEASE_RECORDS: &str = "tenure_state_lease_records";
 pub const STATE_DEDUP_RECORDS: &str = "tenure_state_dedup_records";
 /// Snapshots this node built (a build with nothing new to write is not counted).
 pub const SNAPSHOT_BUILDS_TOTAL: &str = "tenure_snapshot_builds_total";
-/// Seconds those builds took, from the freeze to the durable pointer (a gauge holding a
+/// Seconds those builds took, from asking for the state lock to the durable pointer (a gauge holding a
 /// cumulative value, like `FSYNC_SECONDS_TOTAL`).
 pub const SNAPSHOT_BUILD_SECONDS_TOTAL: &str = "tenure_snapshot_build_seconds_total";
 /// The longest build since the node started, in seconds.
@@ -175,8 +176,9 @@ pub const SNAPSHOT_BUILD_SECONDS_MAX: &str = "tenure_snapshot_build_seconds_max"
 pub const SNAPSHOT_BYTES_MAX: &str = "tenure_snapshot_bytes_max";
 /// Bytes of every snapshot built since start.
 pub const SNAPSHOT_WRITTEN_BYTES_TOTAL: &str = "tenure_snapshot_written_bytes_total";
-/// The longest time one build held a group's state (the group's apply waited meanwhile) since
-/// the node started, in seconds. Issue 25's bound is 10 ms.
+/// The longest time one build held a group's state lock (to freeze it; the group's apply waited
+/// meanwhile) since the node started, in seconds, wall time. Issue 25's bound is 10 ms. The chunk
+/// copies the first entries after a freeze make inside their own apply are not in it.
 pub const SNAPSHOT_APPLY_PAUSE_SECONDS_MAX: &str = "tenure_snapshot_apply_pause_seconds_max";
 /// Builds that held a group's state for more than 10 ms.
 pub const SNAPSHOT_APPLY_PAUSES_OVER_10MS_TOTAL: &str =

@@ -109,11 +109,23 @@ impl ReplicaFactory {
     /// Restores the state machines of `groups` from their snapshots, several at once on blocking
     /// threads (one per core, at most [`RESTORE_THREADS_MAX`]): a restart with millions of
     /// leases reads and checks every record, and the groups are independent (issue 25). The
-    /// first failure is the answer.
+    /// first failure joined is the answer, and it stops the other threads at their next group.
+    /// On a memory disk (the simulation) one after another, so that a seed replays exactly.
     async fn restore_state_machines(
         &self,
         groups: &BTreeSet<u32>,
     ) -> Result<BTreeMap<u32, GroupStateMachine>, ServerError> {
+        if self.storage.runs_blocking_work_inline() {
+            // A memory disk (the simulation): in order, on this thread, so a seed replays.
+            let mut machines = BTreeMap::new();
+            for &group in groups {
+                let machine = self
+                    .storage
+                    .state_machine(group, self.settings.state_options)?;
+                machines.insert(group, machine);
+            }
+            return Ok(machines);
+        }
         let threads = std::thread::available_parallelism()
             .map_or(1, std::num::NonZeroUsize::get)
             .clamp(1, RESTORE_THREADS_MAX)
@@ -134,7 +146,18 @@ impl ReplicaFactory {
                     let Some(group) = next else {
                         return Ok(restored);
                     };
-                    restored.push((group, storage.state_machine(group, options)?));
+                    match storage.state_machine(group, options) {
+                        Ok(machine) => restored.push((group, machine)),
+                        Err(error) => {
+                            // The start fails: the other threads stop at their next group
+                            // instead of restoring every snapshot first.
+                            queue
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .clear();
+                            return Err(error);
+                        }
+                    }
                 }
             });
         }
@@ -224,11 +247,10 @@ impl ReplicaFactory {
         let mut raft_state_found = false;
         let mut restored = self.restore_state_machines(&hosted).await?;
         for &group in &hosted {
-            let state_machine = match restored.remove(&group) {
-                Some(machine) => machine,
-                None => self
-                    .storage
-                    .state_machine(group, self.settings.state_options)?,
+            let Some(state_machine) = restored.remove(&group) else {
+                return Err(ServerError::DataDir(format!(
+                    "group {group}'s state machine was not restored (a bug)"
+                )));
             };
             let (raft, handle) = self.open_restored(group, state_machine).await?;
             if first_start && !raft_state_found {

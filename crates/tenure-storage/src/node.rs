@@ -109,7 +109,8 @@ pub struct StorageStats {
     pub fsync_micros: AtomicU64,
     /// Snapshots built (a build with nothing new to write is not counted).
     pub snapshot_builds: AtomicU64,
-    /// Total microseconds those builds took, from the freeze to the durable pointer.
+    /// Total microseconds those builds took, from asking for the state lock to the durable
+    /// pointer.
     pub snapshot_build_micros: AtomicU64,
     /// The longest of those builds, in microseconds.
     pub snapshot_build_micros_max: AtomicU64,
@@ -642,6 +643,13 @@ impl NodeStorage {
                 flusher: Mutex::new(Some(Flusher::Task(task))),
             }),
         })
+    }
+
+    /// True on a memory disk (`open_in_memory`, the simulation): blocking work runs inline and in
+    /// order there, so a seeded run replays exactly. A caller that would spread storage work over
+    /// threads must do it in order on the caller's thread instead.
+    pub fn runs_blocking_work_inline(&self) -> bool {
+        self.shared.inner.backend.is_memory()
     }
 
     /// Counters of storage activity since open.

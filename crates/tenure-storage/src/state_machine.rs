@@ -7,13 +7,14 @@
 //! and openraft re-applies the committed log after it.
 //!
 //! Snapshots use tenure-core's format, written and read as a stream straight to and from the file
-//! (never a second copy in memory). A build holds the group's state lock only to freeze the state
+//! (never a second copy of the file in memory; while a build writes, the chunks apply writes to
+//! are held twice, copy-on-write). A build holds the group's state lock only to freeze the state
 //! (`LeaseStateMachine::freeze`: copy-on-write chunks, so it costs a pointer per chunk plus the
-//! small bounded parts) and writes the frozen copy with the lock released, so apply goes on; a
-//! write to a chunk the frozen copy still shares copies that chunk first. Each build's lock time
-//! (the pause apply sees) is recorded in the node's [`StorageStats`], with the longest and those
-//! over 10 ms (issue 25: builds used to hold the lock for the whole write, about 0.45 s per
-//! million leases).
+//! small parts it copies) and writes the frozen copy with the lock released, so apply goes on; a
+//! write to a chunk the frozen copy still shares copies that chunk first, inside that apply (not
+//! counted below; `snapshot_pause` measures it). Each build's lock time is recorded in the
+//! node's [`StorageStats`], with the longest and those over 10 ms (issue 25: builds used to hold
+//! the lock for the whole write, about 0.45 s per million leases).
 //!
 //! openraft builds snapshots in a task of their own, so a build can overlap an install of the
 //! leader's snapshot. Three rules keep the durable pointer naming a file that exists and a state
@@ -190,7 +191,7 @@ impl GroupStateMachine {
         f(&lock(&self.state).leases)
     }
 
-    /// Runs `f` on the lease state when no one else holds it (apply, a snapshot being built),
+    /// Runs `f` on the lease state when no one else holds it (apply, a snapshot's freeze),
     /// else returns `None` at once: for callers on a request path that may skip their work
     /// rather than block a runtime thread.
     pub fn try_with_leases<T>(&self, f: impl FnOnce(&LeaseStateMachine) -> T) -> Option<T> {

@@ -30,7 +30,8 @@
 //!
 //! The encoding is canonical: two states that would decide identically on every future entry
 //! encode to identical bytes, so comparing snapshot bytes compares replicas. Writing and reading
-//! stream frame by frame (a large state is never held twice in memory). Reading validates
+//! stream frame by frame (the file is never held in memory; a [`FrozenState`] shares the state's
+//! chunks, and the live state copies those it writes to while a frozen copy is alive). Reading validates
 //! everything (bounds, uniqueness, index consistency) and then the checksum; any failure is a
 //! typed [`SnapshotError`] and never a panic.
 
