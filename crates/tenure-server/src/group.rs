@@ -344,12 +344,6 @@ impl GroupHandle {
             .with_leases(|leases| leases.last_log_time_ms())
     }
 
-    /// Active leases in the local replica.
-    pub fn active_leases(&self) -> u64 {
-        self.state_machine
-            .with_leases(|leases| leases.stats().active_leases)
-    }
-
     /// The replica's state counters (every replica, leader or not).
     pub fn state_stats(&self) -> tenure_core::StateStats {
         self.state_machine.with_leases(|leases| leases.stats())

@@ -55,7 +55,7 @@ pub(crate) async fn run_gauges(shared: Arc<NodeShared>) {
                 if members.voter_sets.len() > 1 || members.voters.len() < voters_wanted {
                     under_replicated += 1;
                 }
-                active += handle.active_leases();
+                active += stats.active_leases;
                 overdue_ms = overdue_ms.max(handle.expiry_overdue_ms().unwrap_or(0));
             }
         }
