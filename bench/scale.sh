@@ -33,6 +33,8 @@ STORM_LEASES=${STORM_LEASES:-}
 TTL=${TTL:-300s}
 SESSION_TTL=${SESSION_TTL:-30s}
 WORKERS=${WORKERS:-256}
+# Workers of the acquire phase (one Batch in flight each): the bulk leaves the foreground room.
+ACQUIRE_WORKERS=${ACQUIRE_WORKERS:-16}
 WINDOW=${WINDOW:-20s}
 SATURATION=${SATURATION:-10s}
 LEASES_PER_TENANT=${LEASES_PER_TENANT:-500000}
@@ -71,7 +73,7 @@ run_bounded $((TIME_LIMIT_S - 60)) "$OUT/scale.txt" "$OUT/scale.progress" "$bin/
   --target tenure --cluster "$work/dev/cluster.json" --scenario scale --leases "$LEASES" \
   --session-share-percent "$SESSION_SHARE_PERCENT" --ttl "$TTL" --session-ttl "$SESSION_TTL" \
   --leases-per-tenant "$LEASES_PER_TENANT" --foreground-rate "$FOREGROUND_RATE" \
-  --workers "$WORKERS" --duration "$WINDOW" --saturation "$SATURATION" "${storm[@]}" \
+  --workers "$WORKERS" --acquire-workers "$ACQUIRE_WORKERS" --duration "$WINDOW" --saturation "$SATURATION" "${storm[@]}" \
   --tenure-bin "$bin/tenure" --dev-dir "$work/dev" \
   --report-json "$OUT/scale.json" --plot "$OUT/scale.svg" || status=$?
 stop_dev

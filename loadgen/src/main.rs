@@ -126,6 +126,10 @@ struct Args {
     /// scale: the foreground mix's open-loop rate, operations per second.
     #[arg(long, default_value_t = 500.0)]
     foreground_rate: f64,
+    /// scale: workers of the acquire phase, each with one Batch of session acquires (or a few
+    /// individual acquires) in flight; few enough that the foreground keeps its rate.
+    #[arg(long, default_value_t = 16)]
+    acquire_workers: usize,
     /// scale: length of the saturated mixed phase (the throughput reference).
     #[arg(long, default_value = "10s", value_parser = tenure_loadgen::parse_duration)]
     saturation: Duration,
@@ -343,6 +347,7 @@ async fn run_scale(
         saturation: args.saturation,
         window: args.duration,
         workers: args.workers,
+        acquire_workers: args.acquire_workers,
         acquire_phase_max: config.acquire_phase_max,
         node_bound: args.node_bound,
         settle: Duration::from_secs(3),

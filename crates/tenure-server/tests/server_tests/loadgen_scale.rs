@@ -146,6 +146,7 @@ async fn scale_scenario_small_runs_to_its_end_with_every_figure() {
         saturation: Duration::from_secs(2),
         window: Duration::from_secs(2),
         workers: 64,
+        acquire_workers: 16,
         acquire_phase_max: Duration::from_secs(120),
         node_bound: Duration::from_secs(60),
         settle: Duration::from_secs(1),
