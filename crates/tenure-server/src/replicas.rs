@@ -245,7 +245,19 @@ impl ReplicaFactory {
         let mut groups: Vec<Option<Arc<GroupHandle>>> = vec![None; config.groups as usize];
         let mut fresh = Vec::new();
         let mut raft_state_found = false;
+        let restore_started = std::time::Instant::now();
         let mut restored = self.restore_state_machines(&hosted).await?;
+        let restored_leases: u64 = restored
+            .values()
+            .map(|machine| machine.with_leases(|leases| leases.stats().lease_records))
+            .sum();
+        tracing::info!(
+            node = self.node_id,
+            groups = restored.len(),
+            lease_records = restored_leases,
+            seconds = restore_started.elapsed().as_secs_f64(),
+            "restored the groups' state machines from their snapshots"
+        );
         for &group in &hosted {
             let Some(state_machine) = restored.remove(&group) else {
                 return Err(ServerError::DataDir(format!(

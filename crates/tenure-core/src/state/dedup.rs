@@ -481,6 +481,32 @@ impl DedupTable {
         self.front_sequence = front_sequence;
     }
 
+    /// Room in the index for `records` restored entries at once (the caller bounds the count by
+    /// the state's limit), so a restore does not grow the table step by step.
+    pub(crate) fn reserve_restored(&mut self, records: u64) {
+        #[cfg(test)]
+        let collide = self.force_collisions;
+        #[cfg(not(test))]
+        let collide = false;
+        let Self {
+            index,
+            ring,
+            front_sequence,
+            hash_builder,
+            ..
+        } = self;
+        let front = *front_sequence;
+        let ring = &*ring;
+        index.reserve(usize::try_from(records).unwrap_or(0), |&s| {
+            if collide {
+                0
+            } else {
+                hash_builder
+                    .hash_one(record_at(ring, front, s).map_or(&[][..], |r| r.identity.bytes()))
+            }
+        });
+    }
+
     /// Appends a restored ring entry; a later entry of the same identity supersedes an earlier
     /// one.
     pub(crate) fn push_restored(&mut self, record: DedupRecord) {

@@ -203,3 +203,90 @@ fn dedup_table_filled_by_one_tenant_overloads_every_other_tenant() {
     let bytes = state.snapshot_to_vec();
     LeaseStateMachine::read_snapshot(&bytes[..], StateOptions::default()).unwrap();
 }
+
+/// The invariant check reads the ordered indexes in order instead of looking every record up in
+/// them: each way they can disagree with the records must still be caught (a missing entry, an
+/// entry naming another record's token or an expiry the record is not filed at, an entry for an
+/// inactive record), and the key index too, unless the caller built it from the records.
+#[test]
+fn the_invariant_check_catches_every_index_disagreeing_with_the_records() {
+    let mut base = state();
+    let mut lease_ids = Vec::new();
+    for index in 0..20 {
+        let op = acquire("acme", &format!("r{index}"), "h", &format!("q{index}"));
+        lease_ids.push(granted(&apply_op(&mut base, 10 + index, op)).lease_id);
+    }
+    let released = apply_op(
+        &mut base,
+        100,
+        LeaseOp::Release(crate::command::ReleaseRequest {
+            key: ResourceKey::new("acme", "r3"),
+            lease_id: lease_ids[3],
+            holder_id: "h".to_owned(),
+            request_id: "rel3".to_owned(),
+        }),
+    );
+    assert!(released.result.is_ok(), "{released:?}");
+    base.check_invariants().unwrap();
+    base.check_invariants_with(KeyIndexCheck::BuiltFromRecords)
+        .unwrap();
+    let inactive_slot = base.find_slot(0, "r3").unwrap();
+    let slot = base.find_slot(0, "r5").unwrap();
+    let record = base.slab.get(slot).unwrap().clone();
+
+    let broken = |change: &dyn Fn(&mut LeaseStateMachine)| {
+        let mut state = base.clone();
+        change(&mut state);
+        state.check_invariants()
+    };
+    // The tenant index: an entry missing, or naming the slot with another token.
+    let missing_tenant = broken(&|state| {
+        state
+            .by_tenant
+            .remove(&(record.tenant, record.fencing_token, slot));
+    });
+    assert!(missing_tenant.is_err(), "{missing_tenant:?}");
+    let wrong_token = broken(&|state| {
+        state
+            .by_tenant
+            .remove(&(record.tenant, record.fencing_token, slot));
+        state
+            .by_tenant
+            .insert((record.tenant, record.fencing_token + 1_000, slot));
+    });
+    assert!(wrong_token.is_err(), "{wrong_token:?}");
+    // The expiry index: an entry missing, filed at another time, or naming an inactive record.
+    let missing_expiry = broken(&|state| {
+        state.by_expiry.remove(&(record.indexed_expiry_ms, slot));
+    });
+    assert!(missing_expiry.is_err(), "{missing_expiry:?}");
+    let moved_expiry = broken(&|state| {
+        state.by_expiry.remove(&(record.indexed_expiry_ms, slot));
+        state.by_expiry.insert((record.indexed_expiry_ms + 1, slot));
+    });
+    assert!(moved_expiry.is_err(), "{moved_expiry:?}");
+    let inactive_in_expiry = broken(&|state| {
+        state.by_expiry.remove(&(record.indexed_expiry_ms, slot));
+        state.by_expiry.insert((1, inactive_slot));
+    });
+    assert!(inactive_in_expiry.is_err(), "{inactive_in_expiry:?}");
+    // The key index: a key found at no slot is caught by the lookup; its size always.
+    let mut unfindable = base.clone();
+    let hash = unfindable
+        .hash_builder
+        .hash_one((record.tenant, record.resource_id.as_str()));
+    if let Ok(entry) = unfindable.by_key.find_entry(hash, |&s| s == slot) {
+        entry.remove();
+    }
+    unfindable.by_key.insert_unique(0x5eed, slot, |_| 0x5eed);
+    assert!(unfindable.check_invariants().is_err());
+    let mut shrunk = base.clone();
+    if let Ok(entry) = shrunk.by_key.find_entry(hash, |&s| s == slot) {
+        entry.remove();
+    }
+    assert!(
+        shrunk
+            .check_invariants_with(KeyIndexCheck::BuiltFromRecords)
+            .is_err()
+    );
+}
