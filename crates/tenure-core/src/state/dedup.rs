@@ -482,29 +482,13 @@ impl DedupTable {
     }
 
     /// Room in the index for `records` restored entries at once (the caller bounds the count by
-    /// the state's limit), so a restore does not grow the table step by step.
+    /// the state's limit), so a restore does not grow the table step by step. Only on an empty
+    /// index (a restore's start): there is nothing to rehash then, so no hasher is needed.
     pub(crate) fn reserve_restored(&mut self, records: u64) {
-        #[cfg(test)]
-        let collide = self.force_collisions;
-        #[cfg(not(test))]
-        let collide = false;
-        let Self {
-            index,
-            ring,
-            front_sequence,
-            hash_builder,
-            ..
-        } = self;
-        let front = *front_sequence;
-        let ring = &*ring;
-        index.reserve(usize::try_from(records).unwrap_or(0), |&s| {
-            if collide {
-                0
-            } else {
-                hash_builder
-                    .hash_one(record_at(ring, front, s).map_or(&[][..], |r| r.identity.bytes()))
-            }
-        });
+        if self.index.is_empty() {
+            self.index
+                .reserve(usize::try_from(records).unwrap_or(0), |_| 0);
+        }
     }
 
     /// Appends a restored ring entry; a later entry of the same identity supersedes an earlier
