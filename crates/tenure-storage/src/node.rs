@@ -123,6 +123,13 @@ pub struct StorageStats {
     pub snapshot_pause_micros_max: AtomicU64,
     /// Builds that held a group's state lock for more than 10 ms.
     pub snapshot_pauses_over_10ms: AtomicU64,
+    /// The longest apply of one entry while a frozen copy of its group was alive (the chunk
+    /// copies of copy-on-write land there), in microseconds.
+    pub snapshot_shared_apply_micros_max: AtomicU64,
+    /// Entries applied while a frozen copy was alive that took more than 10 ms.
+    pub snapshot_shared_applies_over_10ms: AtomicU64,
+    /// Entries applied while a frozen copy of their group was alive.
+    pub snapshot_shared_applies: AtomicU64,
 }
 
 /// A point-in-time copy of [`StorageStats`].
@@ -152,6 +159,13 @@ pub struct StatsSnapshot {
     pub snapshot_pause_micros_max: u64,
     /// Builds that held a group's state lock for more than 10 ms.
     pub snapshot_pauses_over_10ms: u64,
+    /// The longest apply of one entry while a frozen copy of its group was alive, in
+    /// microseconds.
+    pub snapshot_shared_apply_micros_max: u64,
+    /// Entries applied while a frozen copy was alive that took more than 10 ms.
+    pub snapshot_shared_applies_over_10ms: u64,
+    /// Entries applied while a frozen copy of their group was alive.
+    pub snapshot_shared_applies: u64,
 }
 
 #[derive(Default)]
@@ -189,6 +203,8 @@ pub(crate) struct Inner {
 /// A point inside a storage operation where a test can pause it or make it fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TestStep {
+    /// A snapshot build has frozen the state, released the state lock, and is about to write.
+    BuildFrozen,
     /// A snapshot build has written its file and is about to make it current.
     BuildWritten,
     /// A snapshot install is about to wait for what it needs to make its snapshot current.
@@ -668,6 +684,13 @@ impl NodeStorage {
             snapshot_bytes: stats.snapshot_bytes.load(Ordering::Relaxed),
             snapshot_pause_micros_max: stats.snapshot_pause_micros_max.load(Ordering::Relaxed),
             snapshot_pauses_over_10ms: stats.snapshot_pauses_over_10ms.load(Ordering::Relaxed),
+            snapshot_shared_apply_micros_max: stats
+                .snapshot_shared_apply_micros_max
+                .load(Ordering::Relaxed),
+            snapshot_shared_applies_over_10ms: stats
+                .snapshot_shared_applies_over_10ms
+                .load(Ordering::Relaxed),
+            snapshot_shared_applies: stats.snapshot_shared_applies.load(Ordering::Relaxed),
         }
     }
 
