@@ -4,8 +4,11 @@
 # foreground mix runs at $FOREGROUND_RATE ops/s (open loop): the saturated mixed throughput, a
 # failover on the empty cluster, the acquire rate, a steady window holding the leases, each node's
 # memory before and after (bytes per active lease per replica), the nodes' snapshot figures, a
-# restart of a follower-heavy node, a failover with the leases held, and an expiry storm of
-# $STORM_LEASES session leases ending in the same second. Prints loadgen's table (each figure with
+# restart of a follower-heavy node, a failover with the leases held, an expiry storm of
+# $STORM_LEASES session leases ending in the same second, and last a new replica: a fourth node
+# added (`tenure dev add`) and one group's replica moved to it (`MoveReplica`), timed against 60 s
+# per group share (last because the placement controller then goes on balancing onto the new
+# node; `tenure dev` stops it with the others). Prints loadgen's table (each figure with
 # its target and met/missed) and writes $OUT/scale.txt, $OUT/scale.json (the report),
 # $OUT/scale.svg (node memory, throughput and p99 over time), $OUT/scale.progress (its progress
 # lines) and $OUT/dev.log.
@@ -76,6 +79,8 @@ run_bounded $((TIME_LIMIT_S - 60)) "$OUT/scale.txt" "$OUT/scale.progress" "$bin/
   --workers "$WORKERS" --acquire-workers "$ACQUIRE_WORKERS" --duration "$WINDOW" --saturation "$SATURATION" "${storm[@]}" \
   --tenure-bin "$bin/tenure" --dev-dir "$work/dev" \
   --report-json "$OUT/scale.json" --plot "$OUT/scale.svg" || status=$?
+# Each node's restore at every start (the restart figure's first part).
+grep -h "restored the groups' state machines" "$work"/dev/node-*/node.log > "$OUT/restore.log" 2>/dev/null || true
 stop_dev
 if [ "$status" -ne 0 ]; then
   echo "scale: loadgen exited with $status; the end of its progress:" >&2

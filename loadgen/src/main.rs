@@ -133,10 +133,11 @@ struct Args {
     /// scale: length of the saturated mixed phase (the throughput reference).
     #[arg(long, default_value = "10s", value_parser = tenure_loadgen::parse_duration)]
     saturation: Duration,
-    /// scale: bound of a failover's probes and of a restarted node's catch-up.
+    /// scale: bound of a failover's probes, of a restarted node's catch-up, and (each) of the
+    /// new node's join and of the move of a replica to it.
     #[arg(long, default_value = "120s", value_parser = tenure_loadgen::parse_duration)]
     node_bound: Duration,
-    /// scale: the `tenure` executable that runs `tenure dev kill|start|status` [default:
+    /// scale: the `tenure` executable that runs `tenure dev kill|start|status|add` [default:
     /// `tenure` beside this executable, else on the PATH].
     #[arg(long)]
     tenure_bin: Option<PathBuf>,

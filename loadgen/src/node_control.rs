@@ -1,8 +1,8 @@
-//! Stopping and starting the nodes of the cluster under test, for scenarios that measure
-//! failovers and restarts (`scale`). [`NodeControl`] is the seam: [`DevControl`] drives a running
-//! `tenure dev` through the `tenure` executable (`tenure dev kill|start|status N --data-dir D`),
-//! exactly as an operator would from another terminal; the in-process tests implement it with
-//! their own cluster of node processes.
+//! Stopping, starting and adding the nodes of the cluster under test, for scenarios that measure
+//! failovers, restarts and a new replica (`scale`). [`NodeControl`] is the seam: [`DevControl`]
+//! drives a running `tenure dev` through the `tenure` executable (`tenure dev
+//! kill|start|status|add ... --data-dir D`), exactly as an operator would from another terminal;
+//! the in-process tests implement it with their own cluster of node processes.
 //!
 //! Must not depend on: any server crate (the `tenure` executable is run, never linked), nor on the
 //! scenarios.
@@ -16,7 +16,7 @@ use std::time::Duration;
 /// A boxed future, so that [`NodeControl`] can be used as a trait object.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Why a node could not be stopped, started or listed.
+/// Why a node could not be stopped, started, listed or added.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     /// The control command could not be run at all.
@@ -50,7 +50,7 @@ pub enum ControlError {
     Answer(String),
 }
 
-/// Stops and starts the nodes of the cluster under test, by node id.
+/// Stops, starts and adds the nodes of the cluster under test, by node id.
 pub trait NodeControl: Send + Sync {
     /// Kills node `id` (SIGKILL, as a crash would); returns once its process is gone.
     fn kill(&self, id: u64) -> BoxFuture<'_, Result<(), ControlError>>;
@@ -60,11 +60,17 @@ pub trait NodeControl: Send + Sync {
     /// The process id of every running node (for reading a node's memory from `/proc` when its
     /// metrics do not export it).
     fn pids(&self) -> BoxFuture<'_, Result<BTreeMap<u64, u32>, ControlError>>;
+    /// Grows the cluster by one new node (a certificate from the cluster CA, a configuration
+    /// that joins the running cluster, `AddNode` in the node table, its process started); the
+    /// new node's id. It may return before the node is active in the node table (before it has
+    /// reported itself): callers that need it active watch the table themselves.
+    fn add(&self) -> BoxFuture<'_, Result<u64, ControlError>>;
 }
 
 /// Longest a `tenure dev kill` or `status` may take.
 const QUICK_COMMAND_TIMEOUT: Duration = Duration::from_secs(90);
-/// How long `tenure dev start` waits for the node to be ready (its `--wait-s`).
+/// How long `tenure dev start` and `tenure dev add` wait for the node to be ready (their
+/// `--wait-s`).
 const START_WAIT: Duration = Duration::from_secs(300);
 
 /// A running `tenure dev`, driven through its control socket by the `tenure` executable.
@@ -162,17 +168,65 @@ impl NodeControl for DevControl {
             pids_of_status(&text)
         })
     }
+
+    /// `tenure dev add --node N --wait-s S --json`, with N one more than the highest node id
+    /// `tenure dev status --json` lists (as `tenure dev add` without `--node` picks it), so the
+    /// new node's id is known without reading it back from the answer's message.
+    fn add(&self) -> BoxFuture<'_, Result<u64, ControlError>> {
+        Box::pin(async move {
+            let status = self
+                .run(&["status".into(), "--json".into()], QUICK_COMMAND_TIMEOUT)
+                .await?;
+            let node = node_ids_of_status(&status)?
+                .into_iter()
+                .max()
+                .unwrap_or(0)
+                .checked_add(1)
+                .ok_or_else(|| ControlError::Answer("no node id is left to add".into()))?;
+            self.run(
+                &[
+                    "add".into(),
+                    "--node".into(),
+                    node.to_string(),
+                    "--wait-s".into(),
+                    START_WAIT.as_secs().to_string(),
+                    "--json".into(),
+                ],
+                START_WAIT + Duration::from_secs(30),
+            )
+            .await?;
+            Ok(node)
+        })
+    }
+}
+
+/// Every node id in the JSON answer of `tenure dev status --json`, with a process or without.
+pub fn node_ids_of_status(text: &str) -> Result<Vec<u64>, ControlError> {
+    Ok(status_nodes(text)?
+        .iter()
+        .filter_map(|node| node["id"].as_u64())
+        .collect())
+}
+
+/// The `status.nodes` array of a `tenure dev status --json` answer.
+fn status_nodes(text: &str) -> Result<Vec<serde_json::Value>, ControlError> {
+    let mut value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|error| ControlError::Answer(format!("tenure dev status --json: {error}")))?;
+    match value
+        .pointer_mut("/status/nodes")
+        .map(serde_json::Value::take)
+    {
+        Some(serde_json::Value::Array(nodes)) => Ok(nodes),
+        _ => Err(ControlError::Answer(
+            "tenure dev status --json: no status.nodes in the answer".into(),
+        )),
+    }
 }
 
 /// The running nodes' process ids in the JSON answer of `tenure dev status --json`
 /// (`{"status":{"nodes":[{"id":1,"pid":1234,...},...]}}`; a node without a process has no pid).
 pub fn pids_of_status(text: &str) -> Result<BTreeMap<u64, u32>, ControlError> {
-    let value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|error| ControlError::Answer(format!("tenure dev status --json: {error}")))?;
-    let nodes = value["status"]["nodes"].as_array().ok_or_else(|| {
-        ControlError::Answer("tenure dev status --json: no status.nodes in the answer".into())
-    })?;
-    Ok(nodes
+    Ok(status_nodes(text)?
         .iter()
         .filter_map(|node| {
             let id = node["id"].as_u64()?;
@@ -203,6 +257,9 @@ mod tests {
         assert_eq!(pids, BTreeMap::from([(1, 41), (3, 43)]));
         assert!(pids_of_status("{}").is_err());
         assert!(pids_of_status("not json").is_err());
+        assert_eq!(node_ids_of_status(text).unwrap(), vec![1, 2, 3]);
+        assert!(node_ids_of_status(r#"{"status":{"nodes":7}}"#).is_err());
+        assert!(node_ids_of_status("7").is_err());
     }
 
     #[test]

@@ -20,7 +20,12 @@
 //! 8. a failover with N leases, against the empty one;
 //! 9. an expiry storm: the storm's sessions (E of the session leases) end together (one last
 //!    keep-alive to every record at the same moment, then none), and the nodes' counter of bound
-//!    leases ended shows when all E were reclaimed; the foreground's p99 then against before.
+//!    leases ended shows when all E were reclaimed; the foreground's p99 then against before;
+//! 10. a new replica: the cluster grows by one node (through the [`NodeControl`]) and one
+//!     group's replica moves to it from a voter that is not its leader; the move's wall time,
+//!     and when the new replica had applied its state, against 60 s per group share
+//!     ([`new_replica`]). Last, so that the placement controller's own rebalancing onto the new
+//!     node, which may follow, disturbs no earlier figure.
 //!
 //! Every phase is bounded; the figures come back with their targets and whether each was met
 //! (`details.figures`, printed as a table by the report).
@@ -28,6 +33,7 @@
 //! Must not depend on: any server crate; the cluster is seen through the client library, the
 //! nodes' HTTP endpoints and the [`NodeControl`].
 
+mod new_replica;
 mod plan;
 mod probe;
 mod sampler;
@@ -98,7 +104,8 @@ pub struct ScaleConfig {
     pub acquire_workers: usize,
     /// Bound of the acquire phase.
     pub acquire_phase_max: Duration,
-    /// Bound of a failover's probes and of a node's catch-up.
+    /// Bound of a failover's probes, of a node's catch-up, and (each) of the new node's join and
+    /// of the move of a replica to it.
     pub node_bound: Duration,
     /// Pause after a phase, so that its load drains before the next one measures (also how
     /// long a node stays down before its restart, and how long the storm's "during" window runs
@@ -124,6 +131,7 @@ const STORM_RECLAIM_TARGET_S: f64 = 10.0;
 const STORM_P99_RATIO_TARGET: f64 = 2.0;
 const LEASE_BYTES_TARGET: f64 = 200.0;
 const APPLY_PAUSE_TARGET_S: f64 = 0.010;
+const NEW_REPLICA_TARGET_S: f64 = 60.0;
 /// A failover with N leases "takes the same time" as one without when it takes at most this
 /// factor of it, or this much longer (run-to-run noise of an election).
 const FAILOVER_SAME_FACTOR: f64 = 1.5;
@@ -550,6 +558,63 @@ impl Acquirer {
     }
 }
 
+/// The new replica's row: the move's time, and when the new replica had applied its state,
+/// against [`NEW_REPLICA_TARGET_S`] (met when both are within it; the move's alone when the
+/// applied time is unknown); `-` when it was not measured (the node could not be added, did not
+/// become active, no group to move), `missed` when the move was taken and did not finish.
+fn new_replica_figure(measured: &new_replica::NewReplica, leases_per_group: f64) -> Value {
+    let target = format!("<= {NEW_REPLICA_TARGET_S:.0} s per group share");
+    let (Some(group), Some(from), Some(node)) = (measured.group, measured.from, measured.node)
+    else {
+        let why = measured.error.as_deref().unwrap_or("unknown");
+        return figure(
+            "10",
+            &format!("new replica: not measured ({})", shorten(why)),
+            "-".to_owned(),
+            &target,
+            None,
+        );
+    };
+    let share = measured.lease_records.map_or_else(
+        || format!("about {leases_per_group:.0} leases: held / groups"),
+        |records| format!("{records:.0} lease records"),
+    );
+    let name =
+        format!("new replica: group {group} ({share}) moved from node {from} to new node {node}");
+    match (measured.move_s, &measured.error) {
+        (Some(took), None) => figure(
+            "10",
+            &name,
+            format!("{took:.2} s (applied {})", secs(measured.applied_s)),
+            &target,
+            Some(
+                took <= NEW_REPLICA_TARGET_S
+                    && measured
+                        .applied_s
+                        .is_none_or(|applied| applied <= NEW_REPLICA_TARGET_S),
+            ),
+        ),
+        (_, error) => figure(
+            "10",
+            &format!("{name}: {}", shorten(error.as_deref().unwrap_or("no time"))),
+            "-".to_owned(),
+            &target,
+            measured.move_started.then_some(false),
+        ),
+    }
+}
+
+/// At most 160 characters of `text` (a reason in a table row).
+fn shorten(text: &str) -> String {
+    const MAX_CHARS: usize = 160;
+    if text.chars().count() <= MAX_CHARS {
+        return text.to_owned();
+    }
+    let mut short: String = text.chars().take(MAX_CHARS).collect();
+    short.push_str("...");
+    short
+}
+
 /// A figure with its target: one row of the table.
 fn figure(item: &str, name: &str, value: String, target: &str, met: Option<bool>) -> Value {
     json!({
@@ -756,7 +821,7 @@ pub async fn run_scale(
     // first seconds, while the saturated phase's last operations drain, are measured by no
     // window.
     let run_bound = config.acquire_phase_max
-        + config.node_bound * 5
+        + config.node_bound * 7
         + config.window * 2
         + config.session_ttl * 3
         + Duration::from_secs(600);
@@ -982,6 +1047,22 @@ pub async fn run_scale(
         );
     }
 
+    // 10. A new replica: a node joins and one group's replica moves to it. Last: the placement
+    // controller may go on balancing onto the new node afterwards.
+    let from = phases.begin("new replica", progress);
+    let new_replica = new_replica::new_replica(
+        &client,
+        control.as_ref(),
+        &config.nodes,
+        groups,
+        config.node_bound,
+    )
+    .await;
+    phases.end("new replica", from);
+    if progress {
+        eprintln!("scale: new replica: {}", new_replica.figures());
+    }
+
     // The end: stop keeping anything alive (the leases end by expiry), the foreground, the
     // sampler.
     main_keeper.stop().await;
@@ -996,6 +1077,9 @@ pub async fn run_scale(
     let hold = window(&timeline, hold_window.0, hold_window.1);
     let storm_fg_before = window(&timeline, storm_before.0, storm_before.1);
     let storm_fg_during = window(&timeline, storm_during.0, storm_during.1);
+    let move_fg = new_replica.window.map_or(Value::Null, |(from, to)| {
+        window(&timeline, phases.s(from), phases.s(to))
+    });
     let ratio = |before: &Value, during: &Value| match (
         before["p99_us"].as_u64(),
         during["p99_us"].as_u64(),
@@ -1045,10 +1129,14 @@ pub async fn run_scale(
     };
     let pause_max = snapshots["apply_pause_seconds_max"].as_f64();
     let pauses_over = snapshots["apply_pauses_over_10ms"].as_f64();
+    let shared_apply_max = snapshots["shared_apply_seconds_max"].as_f64();
+    let shared_applies_over = snapshots["shared_applies_over_10ms"].as_f64();
     let restart_s = restart.catch_up.caught_up_s;
     let lease_records = per_replica(&nodes_after, sampler::LEASE_RECORDS);
     let dedup_records = per_replica(&nodes_after, sampler::DEDUP_RECORDS);
     let storm_ended = watched.as_ref().map(|w| w.ended);
+    #[allow(clippy::cast_precision_loss)]
+    let leases_per_group = held_now as f64 / f64::from(groups.max(1));
     let figures = vec![
         figure(
             "1",
@@ -1198,6 +1286,20 @@ pub async fn run_scale(
             pauses_over.map(|n| n < 0.5),
         ),
         figure(
+            "6",
+            "longest entry apply beside a frozen copy (chunk copies); over 10 ms",
+            format!(
+                "{}; {}",
+                shared_apply_max
+                    .map_or_else(|| "-".to_owned(), |s| format!("{:.1} ms", s * 1000.0)),
+                count(shared_applies_over)
+            ),
+            "<= 10 ms; 0",
+            shared_apply_max
+                .zip(shared_applies_over)
+                .map(|(max_s, over)| max_s <= APPLY_PAUSE_TARGET_S && over < 0.5),
+        ),
+        figure(
             "7",
             &format!(
                 "restart with N: node {} (led {} groups) started -> ready and caught up",
@@ -1256,6 +1358,7 @@ pub async fn run_scale(
                 .filter(|_| !storm_before_behind)
                 .map(|r| r <= STORM_P99_RATIO_TARGET),
         ),
+        new_replica_figure(&new_replica, leases_per_group),
     ];
 
     let details = json!({
@@ -1331,6 +1434,22 @@ pub async fn run_scale(
             "foreground_before": storm_fg_before,
             "foreground_during": storm_fg_during,
             "p99_during_over_before": storm_ratio,
+        },
+        "new_replica": {
+            "figures": new_replica.figures(),
+            "leases_held_per_group": leases_per_group,
+            "foreground_during_move": move_fg,
+            "target_s": NEW_REPLICA_TARGET_S,
+            "note": "move_s: the wall time of Client::move_replica (the new replica created, its \
+                     snapshot or log sent, its catch-up as a learner, the joint-consensus voter \
+                     change, the old replica dropped); applied_s: until the new node's replica \
+                     had applied the leader's last log index of the move's answer (its Status, \
+                     every 100 ms); lease_records_on_new_node: the new node's \
+                     tenure_state_lease_records (active and retained inactive records) read \
+                     1.25 s after that, when the node hosts only the moved group, else null and \
+                     the group share is leases_held_per_group (leases held / groups); no node \
+                     exports the size of one snapshot transfer (leader_snapshot_bytes_max is \
+                     the leader's largest build of any group)",
         },
         "sessions": [main_set.figures(), storm_set.figures()],
         "foreground": {
