@@ -482,12 +482,11 @@ impl DedupTable {
     }
 
     /// Room in the index for `records` restored entries at once (the caller bounds the count by
-    /// the state's limit), so a restore does not grow the table step by step. Only on an empty
+    /// a constant: it comes from the file), so a restore does not grow the table step by step. Only on an empty
     /// index (a restore's start): there is nothing to rehash then, so no hasher is needed.
-    pub(crate) fn reserve_restored(&mut self, records: u64) {
+    pub(crate) fn reserve_restored(&mut self, records: usize) {
         if self.index.is_empty() {
-            self.index
-                .reserve(usize::try_from(records).unwrap_or(0), |_| 0);
+            self.index.reserve(records, |_| 0);
         }
     }
 

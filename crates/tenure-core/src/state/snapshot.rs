@@ -253,6 +253,16 @@ fn read_free_list<R: Read>(
     Ok(free)
 }
 
+/// The most entries a restore reserves in a hash table before reading them (1,048,576: about
+/// 6 MB for the key table, 10 MB for the request-id index); beyond it the tables grow as records
+/// are read. A bound independent of the file: its counts and limits are not yet checksummed.
+const RESTORE_RESERVE_MAX: u64 = 1 << 20;
+
+/// The entries to reserve for `count` records announced by a snapshot.
+fn restore_reservation(count: u64) -> usize {
+    usize::try_from(count.min(RESTORE_RESERVE_MAX)).unwrap_or(0)
+}
+
 fn corrupt(message: impl Into<String>) -> SnapshotError {
     SnapshotError::Corrupt(message.into())
 }
@@ -487,14 +497,15 @@ impl LeaseStateMachine {
         }
 
         // Restore speed (a node restarts with every group's snapshot to read): the key table is
-        // sized once from the snapshot's own counts (bounded by the state's record limit, so a
-        // corrupt count cannot allocate beyond what the state may hold), and the two ordered
-        // indexes are built in bulk from sorted entries instead of one B-tree insert a record.
+        // sized once from the snapshot's own count, and the two ordered indexes are built in
+        // bulk from sorted entries instead of one B-tree insert a record. The count (like the
+        // limits beside it) comes from the file, before its checksum is known: the reservation
+        // is capped by a constant, so a hostile count costs at most that much up front; past it
+        // the table grows with the records actually read.
         let occupied_slots = u64::from(meta.slots - meta.free_slots);
-        let key_capacity = occupied_slots.min(state.limits.lease_records_max);
         state
             .by_key
-            .reserve(usize::try_from(key_capacity).unwrap_or(0), |_| 0);
+            .reserve(restore_reservation(occupied_slots), |_| 0);
         let mut tenant_entries: Vec<(u32, u64, u32)> = Vec::new();
         let mut expiry_entries: Vec<(u64, u32)> = Vec::new();
         let mut empty_slots = 0u32;
@@ -570,7 +581,7 @@ impl LeaseStateMachine {
         state.dedup.set_front_sequence(meta.dedup_front_sequence);
         state
             .dedup
-            .reserve_restored(meta.dedup_ring.min(state.limits.dedup_records_max));
+            .reserve_restored(restore_reservation(meta.dedup_ring));
         for _ in 0..meta.dedup_ring {
             let record: DedupRecord = input.frame("dedup record")?;
             state.dedup.push_restored(record);
@@ -778,5 +789,56 @@ impl LeaseStateMachine {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use super::*;
+
+    /// A snapshot's header announcing absurd counts, with limits that allow them (both come from
+    /// the file, before its checksum is known): the restore reserves at most a bounded amount up
+    /// front and ends with a typed error when the records are not there, instead of reserving
+    /// for the announced counts (a hash table capacity overflow panics; 2^40 entries abort on
+    /// the failed allocation).
+    #[test]
+    fn a_header_announcing_absurd_counts_is_refused_without_reserving_for_them() {
+        for (slots, dedup_ring) in [(0u32, 1u64 << 61), (0, 1 << 40), (u32::MAX, 0)] {
+            let limits = GroupLimits {
+                lease_records_max: u64::from(u32::MAX),
+                dedup_records_max: u64::MAX / 2,
+                ..GroupLimits::default()
+            };
+            let mut out = HashingWriter {
+                inner: Vec::new(),
+                hasher: Xxh3Default::new(),
+                bytes: 0,
+                buffer: Vec::new(),
+            };
+            out.raw(MAGIC).unwrap();
+            out.raw(&SNAPSHOT_FORMAT_VERSION.to_le_bytes()).unwrap();
+            out.frame(&Meta {
+                group_id: GroupId(1),
+                last_log_time_ms: 0,
+                next_sequence: 1,
+                limits,
+                tenants: 0,
+                slots,
+                free_slots: 0,
+                inactive_queue: 0,
+                inactive_count: 0,
+                dedup_ring,
+                dedup_front_sequence: 0,
+            })
+            .unwrap();
+            let bytes = out.inner;
+            let restored = LeaseStateMachine::read_snapshot(&bytes[..], StateOptions::default());
+            assert!(
+                restored.is_err(),
+                "slots {slots}, dedup ring {dedup_ring}: restored from a header alone"
+            );
+        }
     }
 }
