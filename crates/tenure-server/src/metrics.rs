@@ -187,6 +187,14 @@ pub const SNAPSHOT_APPLY_PAUSES_OVER_10MS_TOTAL: &str =
 /// The longest apply of one entry while a snapshot build's frozen copy of its group was alive
 /// (the copy-on-write chunk copies land in that apply) since the node started, in seconds.
 pub const SNAPSHOT_SHARED_APPLY_SECONDS_MAX: &str = "tenure_snapshot_shared_apply_seconds_max";
+/// The most CPU time the holding thread spent in one build's lock hold since the node started,
+/// in seconds: beside the wall time of `SNAPSHOT_APPLY_PAUSE_SECONDS_MAX`, the difference is the
+/// thread waiting for a core.
+pub const SNAPSHOT_APPLY_PAUSE_CPU_SECONDS_MAX: &str =
+    "tenure_snapshot_apply_pause_cpu_seconds_max";
+/// The most CPU time one entry's apply took while a frozen copy was alive, in seconds.
+pub const SNAPSHOT_SHARED_APPLY_CPU_SECONDS_MAX: &str =
+    "tenure_snapshot_shared_apply_cpu_seconds_max";
 /// Entries applied while a frozen copy was alive that took more than 10 ms.
 pub const SNAPSHOT_SHARED_APPLIES_OVER_10MS_TOTAL: &str =
     "tenure_snapshot_shared_applies_over_10ms_total";
@@ -260,6 +268,8 @@ pub const GAUGES: &[&str] = &[
     SNAPSHOT_BYTES_MAX,
     SNAPSHOT_APPLY_PAUSE_SECONDS_MAX,
     SNAPSHOT_SHARED_APPLY_SECONDS_MAX,
+    SNAPSHOT_APPLY_PAUSE_CPU_SECONDS_MAX,
+    SNAPSHOT_SHARED_APPLY_CPU_SECONDS_MAX,
 ];
 
 /// Every histogram the node exports (they appear after their first observation).

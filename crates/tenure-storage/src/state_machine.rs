@@ -264,6 +264,7 @@ impl GroupStateMachine {
         let build_started = Instant::now();
         let state = lock(&self.state);
         let locked_at = Instant::now();
+        let locked_at_cpu = thread_cpu_time();
         if let Some(current) = &state.current
             && current.meta.last_log_id >= state.last_applied
         {
@@ -283,6 +284,7 @@ impl GroupStateMachine {
         let frozen_alive = FrozenCopyAlive::new(&self.frozen_copies);
         drop(state);
         let pause = locked_at.elapsed();
+        let pause_cpu = thread_cpu_time().saturating_sub(locked_at_cpu);
         let _ = inner.test_step(TestStep::BuildFrozen);
         let stem = snapshot_stem(&meta);
         let temp = TempFile::new(&dir, &stem, inner.next_snapshot_op(), "tmp");
@@ -318,7 +320,12 @@ impl GroupStateMachine {
         // Only build and install set `current`, both under the snapshot exclusion held here, so
         // nothing changed it since the check above.
         lock(&self.state).current = Some(pointer.clone());
-        record_build(&inner.stats, build_started.elapsed(), pause, stats.bytes);
+        record_build(
+            &inner.stats,
+            build_started.elapsed(),
+            (pause, pause_cpu),
+            stats.bytes,
+        );
         remove_stale(&dir, &pointer);
         let file = File::open(dir.join(&pointer.file)).map_err(io_error("open snapshot"))?;
         Ok((pointer, file))
@@ -428,9 +435,24 @@ impl GroupStateMachine {
     }
 }
 
-/// Counts a finished build in the node's storage statistics.
-fn record_build(stats: &StorageStats, took: Duration, pause: Duration, bytes: u64) {
+/// The calling thread's CPU time so far (`CLOCK_THREAD_CPUTIME_ID`): unlike wall time, it does
+/// not grow while the thread waits for a core.
+fn thread_cpu_time() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or(0),
+        u32::try_from(now.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// Counts a finished build in the node's storage statistics; `pause` is the lock hold's wall
+/// time and the holding thread's CPU time.
+fn record_build(stats: &StorageStats, took: Duration, pause: (Duration, Duration), bytes: u64) {
+    let (pause, pause_cpu) = pause;
     let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    stats
+        .snapshot_pause_cpu_micros_max
+        .fetch_max(micros(pause_cpu), Ordering::Relaxed);
     stats.snapshot_builds.fetch_add(1, Ordering::Relaxed);
     stats
         .snapshot_build_micros
@@ -450,9 +472,13 @@ fn record_build(stats: &StorageStats, took: Duration, pause: Duration, bytes: u6
     }
 }
 
-/// Counts an entry applied while a frozen copy of its group was alive.
-fn record_shared_apply(stats: &StorageStats, took: Duration) {
+/// Counts an entry applied while a frozen copy of its group was alive (wall and CPU time).
+fn record_shared_apply(stats: &StorageStats, took: Duration, took_cpu: Duration) {
     let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+    stats.snapshot_shared_apply_cpu_micros_max.fetch_max(
+        u64::try_from(took_cpu.as_micros()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
     stats
         .snapshot_shared_applies
         .fetch_add(1, Ordering::Relaxed);
@@ -671,11 +697,15 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
                     EntryPayload::Blank => None,
                     EntryPayload::Normal(proposal) => {
                         // Timed only while a frozen copy is alive (its chunk copies land here).
-                        let started =
-                            (self.frozen_copies.load(Ordering::Acquire) > 0).then(Instant::now);
+                        let started = (self.frozen_copies.load(Ordering::Acquire) > 0)
+                            .then(|| (Instant::now(), thread_cpu_time()));
                         let output = state.leases.apply(proposal);
-                        if let Some(started) = started {
-                            record_shared_apply(&self.shared.inner.stats, started.elapsed());
+                        if let Some((started, started_cpu)) = started {
+                            record_shared_apply(
+                                &self.shared.inner.stats,
+                                started.elapsed(),
+                                thread_cpu_time().saturating_sub(started_cpu),
+                            );
                         }
                         Some(output)
                     }

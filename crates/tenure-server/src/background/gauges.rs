@@ -107,6 +107,10 @@ pub(crate) async fn run_gauges(shared: Arc<NodeShared>) {
             .absolute(storage.snapshot_pauses_over_10ms);
         ::metrics::gauge!(m::SNAPSHOT_SHARED_APPLY_SECONDS_MAX)
             .set(storage.snapshot_shared_apply_micros_max as f64 / 1e6);
+        ::metrics::gauge!(m::SNAPSHOT_APPLY_PAUSE_CPU_SECONDS_MAX)
+            .set(storage.snapshot_pause_cpu_micros_max as f64 / 1e6);
+        ::metrics::gauge!(m::SNAPSHOT_SHARED_APPLY_CPU_SECONDS_MAX)
+            .set(storage.snapshot_shared_apply_cpu_micros_max as f64 / 1e6);
         ::metrics::counter!(m::SNAPSHOT_SHARED_APPLIES_OVER_10MS_TOTAL)
             .absolute(storage.snapshot_shared_applies_over_10ms);
         ::metrics::counter!(m::FSYNCS_TOTAL).absolute(storage.fsyncs);
