@@ -46,6 +46,10 @@ LEASES_PER_TENANT=${LEASES_PER_TENANT:-500000}
 # leases are about 60 entries per group). At 200 every group builds snapshots during the run
 # (the foreground alone is a few entries per second per group), so the build figures are real.
 SNAPSHOT_EVERY_ENTRIES=${SNAPSHOT_EVERY_ENTRIES:-200}
+# Leases a group reclaims per second while its reclaim is on time (`tenure dev
+# --expire-paced-leases-per-s`, `timing.expire_paced_leases_per_s`); empty = the nodes' default
+# (2,500), 0 = no pacing (the storm reclaimed as fast as the command rate allows).
+EXPIRE_PACED_LEASES_PER_S=${EXPIRE_PACED_LEASES_PER_S:-}
 # Worst-case heap bytes of a lease record plus a request-id record, and of a tenant's entry
 # (tenure_core::LEASE_RECORD_BYTES_WORST + DEDUP_RECORD_BYTES_WORST, TENANT_BYTES_WORST), and
 # the tenants per group the budget then reserves (GROUP_TENANTS_MAX_DEFAULT).
@@ -65,9 +69,11 @@ OUT=${OUT:-bench/results/scale-$(date -u +%Y%m%dT%H%M%SZ)}
 . bench/lib.sh
 bench_setup scale
 
-echo "scale: $LEASES leases, $GROUP_COUNT groups, budget $NODE_MEMORY_BUDGET_BYTES bytes per node, snapshot every $SNAPSHOT_EVERY_ENTRIES entries, foreground $FOREGROUND_RATE ops/s"
+pacing=()
+[ -n "$EXPIRE_PACED_LEASES_PER_S" ] && pacing=(--expire-paced-leases-per-s "$EXPIRE_PACED_LEASES_PER_S")
+echo "scale: $LEASES leases, $GROUP_COUNT groups, budget $NODE_MEMORY_BUDGET_BYTES bytes per node, snapshot every $SNAPSHOT_EVERY_ENTRIES entries, expiry pacing ${EXPIRE_PACED_LEASES_PER_S:-default} leases/s per group, foreground $FOREGROUND_RATE ops/s"
 start_dev "$GROUP_COUNT" "$OUT/dev.log" --node-memory-budget-bytes "$NODE_MEMORY_BUDGET_BYTES" \
-  --snapshot-every-entries "$SNAPSHOT_EVERY_ENTRIES"
+  --snapshot-every-entries "$SNAPSHOT_EVERY_ENTRIES" "${pacing[@]}"
 grep -h "state limits per node" "$OUT/dev.log" || true
 storm=()
 [ -n "$STORM_LEASES" ] && storm=(--storm-leases "$STORM_LEASES")

@@ -176,6 +176,10 @@ pub struct TlsConfig {
     pub node_key: PathBuf,
 }
 
+/// The largest `timing.expire_overdue_target_ms`: half the overdue at which the expiry backlog
+/// alert fires, so a paced mass expiry never fires it.
+pub const EXPIRE_OVERDUE_TARGET_MS_MAX: u64 = 30_000;
+
 /// Raft timing (see `tenure_transport::GroupTiming`, built by [`ServerConfig::timing`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -193,6 +197,16 @@ pub struct TimingConfig {
     pub expire_batch_max: u32,
     /// Expire commands a group proposes per second at most. Default 20.
     pub expire_commands_per_s_max: u32,
+    /// Leases a group reclaims per second at most while its reclaim is on time (the oldest
+    /// due lease less than `expire_overdue_target_ms` past its expiry): after an Expire command
+    /// that reclaimed `n` leases the next waits `n / expire_paced_leases_per_s` seconds, so a
+    /// mass expiry is spread out instead of taking the machine's CPU from client commands.
+    /// 0 = no pacing (only `expire_commands_per_s_max`). Default 2500.
+    pub expire_paced_leases_per_s: u32,
+    /// How far (log-time milliseconds) the oldest due lease may be past its expiry before its
+    /// group stops pacing and reclaims at the full rate (`expire_batch_max` x
+    /// `expire_commands_per_s_max` a second) until it is back under. 1 to 30000. Default 5000.
+    pub expire_overdue_target_ms: u64,
     /// Snapshot a group after this many applied entries. Default 10000.
     pub snapshot_every_entries: u64,
     /// How often leadership balance is checked, in milliseconds (0 = never). Default 2000.
@@ -208,6 +222,8 @@ impl Default for TimingConfig {
             expire_interval_ms: 50,
             expire_batch_max: 1_024,
             expire_commands_per_s_max: 20,
+            expire_paced_leases_per_s: 2_500,
+            expire_overdue_target_ms: 5_000,
             snapshot_every_entries: 10_000,
             rebalance_interval_ms: 2_000,
         }
@@ -1116,6 +1132,18 @@ impl ServerConfig {
             "timing.expire_commands_per_s_max",
             t.expire_commands_per_s_max,
         )?;
+        if t.expire_overdue_target_ms == 0
+            || t.expire_overdue_target_ms > EXPIRE_OVERDUE_TARGET_MS_MAX
+        {
+            return Err(ConfigError::invalid(
+                "timing.expire_overdue_target_ms",
+                format!(
+                    "must be 1 to {EXPIRE_OVERDUE_TARGET_MS_MAX} (the expiry backlog alert fires \
+                     at 60 s overdue); got {}",
+                    t.expire_overdue_target_ms
+                ),
+            ));
+        }
         positive_u64("timing.snapshot_every_entries", t.snapshot_every_entries)?;
         Ok(())
     }
@@ -1835,6 +1863,14 @@ node_key = "certs/node-1.key"
         let mut config = minimal();
         config.timing.expire_batch_max = 0;
         assert_eq!(invalid_field(&config), "timing.expire_batch_max");
+        config.timing.expire_batch_max = 1_024;
+        config.timing.expire_overdue_target_ms = 0;
+        assert_eq!(invalid_field(&config), "timing.expire_overdue_target_ms");
+        config.timing.expire_overdue_target_ms = EXPIRE_OVERDUE_TARGET_MS_MAX + 1;
+        assert_eq!(invalid_field(&config), "timing.expire_overdue_target_ms");
+        config.timing.expire_overdue_target_ms = EXPIRE_OVERDUE_TARGET_MS_MAX;
+        config.timing.expire_paced_leases_per_s = 0;
+        config.validate().unwrap();
     }
 
     #[test]

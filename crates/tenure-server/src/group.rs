@@ -44,6 +44,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
 use crate::clock::MonotonicClock;
+use crate::expiry_pace::{Due, ExpiryPace};
 use crate::metrics as m;
 
 use crate::limits::ENTRY_BYTES_MAX;
@@ -110,6 +111,8 @@ pub struct GroupHandle {
     settings: GroupSettings,
     expire_inflight: AtomicBool,
     last_expire_clock_ms: AtomicU64,
+    /// Node-clock ms until which the expiry pacing holds this group's next Expire back.
+    expire_paced_until_clock_ms: AtomicU64,
     view: Mutex<LeaderView>,
     /// Set once the replica is stopped (dropped from this node): ends its proposer.
     stopped: watch::Sender<bool>,
@@ -168,6 +171,7 @@ impl GroupHandle {
             settings,
             expire_inflight: AtomicBool::new(false),
             last_expire_clock_ms: AtomicU64::new(0),
+            expire_paced_until_clock_ms: AtomicU64::new(0),
             view: Mutex::new(LeaderView::default()),
             stopped,
             ready_term: watch::channel(0).0,
@@ -349,25 +353,37 @@ impl GroupHandle {
         self.state_machine.with_leases(|leases| leases.stats())
     }
 
-    /// Proposes one Expire command when leases are due, none is in flight and the rate bound
-    /// allows one. Returns immediately; the command completes in the background.
-    pub fn maybe_expire(self: &Arc<Self>, leases_max: u32, min_interval_ms: u64) {
+    /// Proposes one Expire command when leases are due, none is in flight and `pace` allows
+    /// one (the command rate, and the pacing while the reclaim is on time). Returns
+    /// immediately; the command completes in the background.
+    pub(crate) fn maybe_expire(self: &Arc<Self>, pace: ExpiryPace) {
         let Some(now) = self.log_now_ms() else {
             return;
         };
-        let due = self
-            .state_machine
-            .with_leases(|leases| leases.next_expiry_ms())
-            .is_some_and(|expiry| expiry <= now);
-        if !due {
+        let Some(due) = self.state_machine.with_leases(|leases| {
+            leases
+                .next_expiry_ms()
+                .filter(|&expiry| expiry <= now)
+                .map(|expiry| Due {
+                    overdue_ms: now.saturating_sub(expiry),
+                    waits_queued: leases.has_queued_waits(),
+                })
+        }) else {
+            return;
+        };
+        // Claimed before the pace is read, so a command completing in between cannot leave
+        // its successor judged by the pace before it.
+        if self.expire_inflight.swap(true, Ordering::AcqRel) {
             return;
         }
         let clock_now = self.clock.now_ms();
-        let last = self.last_expire_clock_ms.load(Ordering::Relaxed);
-        if last != 0 && clock_now.saturating_sub(last) < min_interval_ms {
-            return;
-        }
-        if self.expire_inflight.swap(true, Ordering::AcqRel) {
+        if !pace.may_propose(
+            clock_now,
+            self.last_expire_clock_ms.load(Ordering::Relaxed),
+            self.expire_paced_until_clock_ms.load(Ordering::Relaxed),
+            due,
+        ) {
+            self.expire_inflight.store(false, Ordering::Release);
             return;
         }
         self.last_expire_clock_ms
@@ -376,12 +392,19 @@ impl GroupHandle {
         tokio::spawn(async move {
             let entry = Entry {
                 log_time_ms: now,
-                command: Command::Expire { leases_max },
+                command: Command::Expire {
+                    leases_max: pace.leases_max,
+                },
             };
             match handle.raft.client_write(entry).await {
                 Ok(response) => {
                     if let Some(output) = response.data {
                         record_reclaimed(&output);
+                        let paced_until =
+                            pace.paced_until(handle.clock.now_ms(), output.reclaimed.len());
+                        handle
+                            .expire_paced_until_clock_ms
+                            .store(paced_until, Ordering::Relaxed);
                     }
                 }
                 Err(error) => debug!(group = handle.group_id, "expire proposal failed: {error}"),

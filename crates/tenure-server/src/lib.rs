@@ -17,6 +17,7 @@
 //! - [`fault_control`]: fault injection while the node runs (tests only: clock rate, slow WAL
 //!   syncs, cut links).
 //! - [`group`]: one hosted group: its leader clock, proposal batching, reads.
+//! - [`expiry_pace`]: when a group leader may propose its next Expire (command rate, pacing).
 //! - [`node`]: starting and stopping a node (start-up and wiring).
 //! - [`serve`]: `tenure serve`: a node until SIGINT or SIGTERM, then a graceful stop.
 //! - [`request`]: the request path, one request end to end: tenant check, admission, routing,
@@ -54,6 +55,7 @@ pub mod cluster;
 pub mod config;
 pub mod dev;
 pub mod error;
+pub(crate) mod expiry_pace;
 pub mod fault_control;
 pub mod forward;
 pub mod founders;

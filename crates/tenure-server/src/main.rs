@@ -124,6 +124,11 @@ struct DevArgs {
     /// the nodes' configurations, kept by later runs [default: 10000, or the recorded value].
     #[arg(long, value_name = "ENTRIES")]
     snapshot_every_entries: Option<u64>,
+    /// Leases a group reclaims per second while its reclaim is on time
+    /// (`timing.expire_paced_leases_per_s`, 0 = no pacing); written into the nodes'
+    /// configurations, kept by later runs [default: 2500, or the recorded value].
+    #[arg(long, value_name = "LEASES")]
+    expire_paced_leases_per_s: Option<u32>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -353,6 +358,7 @@ async fn run_dev(args: DevArgs) -> Result<(), Failure> {
         node_memory_budget_bytes: args.node_memory_budget_bytes,
         tenant_active_leases_max: args.tenant_active_leases_max,
         snapshot_every_entries: args.snapshot_every_entries,
+        expire_paced_leases_per_s: args.expire_paced_leases_per_s,
     };
     match dev::run(options).await {
         Ok(()) => Ok(()),

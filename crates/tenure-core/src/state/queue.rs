@@ -157,6 +157,11 @@ impl WaitQueues {
 const DEAD_WAITER_KEPT_MS: u64 = 5_000;
 
 impl LeaseStateMachine {
+    /// Whether any AcquireWait is queued in this group (a reclaim may hand a resource to it).
+    pub fn has_queued_waits(&self) -> bool {
+        self.waits.next_deadline_ms().is_some()
+    }
+
     /// When the next queued wait ends (an Expire entry then drops it).
     pub(crate) fn next_wait_end_ms(&self) -> Option<u64> {
         let end = self.waits.next_deadline_ms()?;

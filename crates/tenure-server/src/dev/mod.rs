@@ -130,6 +130,10 @@ pub struct DevOptions {
     /// Log entries between a group's snapshots, `timing.snapshot_every_entries` (default 10,000,
     /// or the recorded value). May change between runs.
     pub snapshot_every_entries: Option<u64>,
+    /// Leases a group reclaims per second while its reclaim is on time,
+    /// `timing.expire_paced_leases_per_s` (default 2,500, or the recorded value; 0 = no
+    /// pacing). May change between runs.
+    pub expire_paced_leases_per_s: Option<u32>,
 }
 
 impl Default for DevOptions {
@@ -147,6 +151,7 @@ impl Default for DevOptions {
             node_memory_budget_bytes: None,
             tenant_active_leases_max: None,
             snapshot_every_entries: None,
+            expire_paced_leases_per_s: None,
         }
     }
 }
@@ -461,6 +466,7 @@ fn reuse(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
             node_memory_budget_bytes = ?options.node_memory_budget_bytes,
             tenant_active_leases_max = ?options.tenant_active_leases_max,
             snapshot_every_entries = ?options.snapshot_every_entries,
+            expire_paced_leases_per_s = ?options.expire_paced_leases_per_s,
             "changed the nodes' state limits"
         );
     }
@@ -577,14 +583,23 @@ fn create(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
     })
 }
 
-/// Sets the state limits `options` gives (budget, tenant quota) and the snapshot interval in
-/// `config`; true when that changed it.
+/// Sets the state limits `options` gives (budget, tenant quota), the snapshot interval and the
+/// expiry pacing in `config`; true when that changed it.
 fn apply_state_limits(config: &mut ServerConfig, options: &DevOptions) -> bool {
-    let snapshot_every_before = config.timing.snapshot_every_entries;
+    let timing_before = (
+        config.timing.snapshot_every_entries,
+        config.timing.expire_paced_leases_per_s,
+    );
     if let Some(entries) = options.snapshot_every_entries {
         config.timing.snapshot_every_entries = entries;
     }
-    let snapshot_changed = config.timing.snapshot_every_entries != snapshot_every_before;
+    if let Some(leases_per_s) = options.expire_paced_leases_per_s {
+        config.timing.expire_paced_leases_per_s = leases_per_s;
+    }
+    let timing_changed = (
+        config.timing.snapshot_every_entries,
+        config.timing.expire_paced_leases_per_s,
+    ) != timing_before;
     let limits = &mut config.limits;
     let before = (
         limits.node_memory_budget_bytes,
@@ -596,7 +611,7 @@ fn apply_state_limits(config: &mut ServerConfig, options: &DevOptions) -> bool {
     if let Some(leases) = options.tenant_active_leases_max {
         limits.tenant_active_leases_max = leases;
     }
-    snapshot_changed
+    timing_changed
         || (
             limits.node_memory_budget_bytes,
             limits.tenant_active_leases_max,
