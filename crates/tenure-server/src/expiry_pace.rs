@@ -71,7 +71,7 @@ impl ExpiryPace {
 }
 
 /// What is due in a group when its leader considers an Expire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Due {
     /// Log-time ms the oldest due lease (or session, or wait) is past its expiry.
     pub overdue_ms: u64,
