@@ -21,8 +21,19 @@
 //! themselves are not written to the log store (a group's log is purged up to its snapshot anyway),
 //! so this is the snapshot-restore cost, not a log replay.
 //!
+//! **Tail reads** (`--tail-reads N`, default 20 000; 0 skips it): the log reads a node makes
+//! all the time (apply and replication read the newest entries of a group's log) beside groups
+//! whose logs were purged the way a server purges them. A fresh store's `--groups` groups each get
+//! [`TAIL_ROUNDS`] rounds of [`TAIL_ENTRIES_PER_ROUND`] entries (in appends of
+//! [`TAIL_ENTRIES_PER_APPEND`]), and after each round the log is purged up to
+//! [`TAIL_ENTRIES_KEPT`] entries behind its end (a snapshot every 200 entries, as in the scale
+//! runs, and openraft's default of 1 000 entries kept behind a snapshot). Then `N` reads of one
+//! group's last entry (`GroupLogStore::read_range(last, last + 1)`), groups in turn, are timed one
+//! by one: mean, p50, p99 and max. The purged prefixes are range deletions still in the memtable,
+//! which is where a server's recent purges are.
+//!
 //! Usage: `storage_append [--json] [--duration-s S] [--entries-per-append K] [--groups G]
-//! [--pipeline P] [--reopen-leases N]`. With `--json` it prints one JSON line instead of the
+//! [--pipeline P] [--reopen-leases N] [--tail-reads N]`. With `--json` it prints one JSON line instead of the
 //! human-readable report.
 
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
@@ -52,9 +63,17 @@ const PAYLOAD_BYTES: usize = 64;
 const REOPEN_GROUP: u32 = 1;
 /// Entries handed to one `apply` call while populating.
 const APPLY_CHUNK: usize = 16;
+/// Tail reads: rounds of appends and purges per group before the reads.
+const TAIL_ROUNDS: u64 = 30;
+/// Tail reads: entries each group appends per round (then purges).
+const TAIL_ENTRIES_PER_ROUND: u64 = 200;
+/// Tail reads: entries per append.
+const TAIL_ENTRIES_PER_APPEND: u64 = 50;
+/// Tail reads: entries a purge keeps behind the log's end.
+const TAIL_ENTRIES_KEPT: u64 = 1_000;
 
 const USAGE: &str = "usage: storage_append [--json] [--duration-s S] [--entries-per-append K] \
-                     [--groups G] [--pipeline P] [--reopen-leases N]";
+                     [--groups G] [--pipeline P] [--reopen-leases N] [--tail-reads N]";
 
 struct Options {
     json: bool,
@@ -63,6 +82,7 @@ struct Options {
     groups: u32,
     pipeline: usize,
     reopen_leases: usize,
+    tail_reads: u64,
 }
 
 fn parse_args() -> Result<Options> {
@@ -73,6 +93,7 @@ fn parse_args() -> Result<Options> {
         groups: 64,
         pipeline: 8,
         reopen_leases: 1_000_000,
+        tail_reads: 20_000,
     };
     let mut args = std::env::args().skip(1);
     fn value<T: std::str::FromStr>(
@@ -109,6 +130,7 @@ fn parse_args() -> Result<Options> {
                 ensure!(options.pipeline > 0, "--pipeline must be at least 1");
             }
             "--reopen-leases" => options.reopen_leases = value(&mut args, &arg)?,
+            "--tail-reads" => options.tail_reads = value(&mut args, &arg)?,
             "--help" | "-h" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -158,6 +180,18 @@ fn payload_template(group: u32) -> Result<tenure_core::Entry> {
     Ok(entry)
 }
 
+/// `count` log entries from index `first` on, each carrying `template`.
+fn log_entries(template: &tenure_core::Entry, first: u64, count: u64) -> Vec<LogEntry> {
+    (first..first + count)
+        .map(|index| {
+            LogEntry::new_normal(
+                openraft::testing::log_id::<TenureRaft>(1, 0, index),
+                template.clone(),
+            )
+        })
+        .collect()
+}
+
 struct GroupResult {
     entries: u64,
     appends: u64,
@@ -183,14 +217,7 @@ async fn drive_group(
     let mut in_flight = VecDeque::with_capacity(pipeline);
     loop {
         while in_flight.len() < pipeline && !stop.load(Ordering::Relaxed) {
-            let entries: Vec<LogEntry> = (next..next + entries_per_append)
-                .map(|index| {
-                    LogEntry::new_normal(
-                        openraft::testing::log_id::<TenureRaft>(1, 0, index),
-                        template.clone(),
-                    )
-                })
-                .collect();
+            let entries = log_entries(&template, next, entries_per_append);
             if next == 1 {
                 // Stored value size of one entry (log id, payload, checksum), for the byte count.
                 let value = tenure_storage::codec::encode(&entries[0]).context("encode entry")?;
@@ -422,6 +449,92 @@ fn run_reopen(runtime: &tokio::runtime::Runtime, leases: usize) -> Result<Reopen
     })
 }
 
+// ---------------------------------------------------------------------------------- tail reads
+
+struct TailReadReport {
+    purges: u64,
+    entries_kept: u64,
+    reads: u64,
+    mean_us: f64,
+    p50_us: u64,
+    p99_us: u64,
+    max_us: u64,
+}
+
+fn run_tail_reads(runtime: &tokio::runtime::Runtime, options: &Options) -> Result<TailReadReport> {
+    let dir = tempfile::tempdir().context("temp dir")?;
+    let storage = NodeStorage::open(dir.path(), StorageOptions::default()).context("open store")?;
+    let mut stores: Vec<GroupLogStore> = (0..options.groups)
+        .map(|group| storage.log_store(group))
+        .collect();
+    let mut purges = 0u64;
+    let mut last = 0u64;
+    runtime.block_on(async {
+        for _ in 0..TAIL_ROUNDS {
+            for (group, store) in (0u32..).zip(stores.iter_mut()) {
+                let template = payload_template(group)?;
+                for first in (last + 1..=last + TAIL_ENTRIES_PER_ROUND)
+                    .step_by(TAIL_ENTRIES_PER_APPEND as usize)
+                {
+                    let entries = log_entries(&template, first, TAIL_ENTRIES_PER_APPEND);
+                    let (tx, rx) = TenureRaft::oneshot();
+                    store
+                        .append(entries, IOFlushed::signal(tx))
+                        .await
+                        .with_context(|| format!("group {group}: append"))?;
+                    rx.await
+                        .with_context(|| format!("group {group}: callback dropped"))?
+                        .with_context(|| format!("group {group}: sync failed"))?;
+                }
+                let end = last + TAIL_ENTRIES_PER_ROUND;
+                if end > TAIL_ENTRIES_KEPT {
+                    store
+                        .purge(openraft::testing::log_id::<TenureRaft>(
+                            1,
+                            0,
+                            end - TAIL_ENTRIES_KEPT,
+                        ))
+                        .await
+                        .with_context(|| format!("group {group}: purge"))?;
+                    purges += 1;
+                }
+            }
+            last += TAIL_ENTRIES_PER_ROUND;
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).context("histogram")?;
+    let mut total_nanos = 0u128;
+    for read in 0..options.tail_reads {
+        let store = &stores[(read % u64::from(options.groups)) as usize];
+        let started = Instant::now();
+        let entries = store
+            .read_range(last, last + 1)
+            .with_context(|| format!("group {}: read", store.group()))?;
+        let elapsed = started.elapsed();
+        ensure!(
+            entries.len() == 1 && entries[0].index() == last,
+            "group {}: read {} entries for index {last}",
+            store.group(),
+            entries.len()
+        );
+        total_nanos += elapsed.as_nanos();
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        latency.saturating_record(micros.max(1));
+    }
+    let stopped = storage.stopped_groups();
+    ensure!(stopped.is_empty(), "groups stopped: {stopped:?}");
+    Ok(TailReadReport {
+        purges,
+        entries_kept: TAIL_ENTRIES_KEPT.min(last),
+        reads: options.tail_reads,
+        mean_us: total_nanos as f64 / 1_000.0 / options.tail_reads.max(1) as f64,
+        p50_us: latency.value_at_quantile(0.50),
+        p99_us: latency.value_at_quantile(0.99),
+        max_us: latency.max(),
+    })
+}
+
 // -------------------------------------------------------------------------------------- main
 
 fn main() -> Result<()> {
@@ -440,6 +553,12 @@ fn main() -> Result<()> {
         None
     } else {
         Some(run_reopen(&runtime, options.reopen_leases)?)
+    };
+
+    let tail = if options.tail_reads == 0 {
+        None
+    } else {
+        Some(run_tail_reads(&runtime, &options)?)
     };
 
     if options.json {
@@ -480,6 +599,16 @@ fn main() -> Result<()> {
                     "\"reopen_seconds\":{:.3}",
                     r.open_seconds + r.restore_seconds
                 ),
+            ]);
+        }
+        if let Some(t) = &tail {
+            fields.extend([
+                format!("\"tail_reads\":{}", t.reads),
+                format!("\"tail_read_purges\":{}", t.purges),
+                format!("\"tail_read_mean_us\":{:.2}", t.mean_us),
+                format!("\"tail_read_p50_us\":{}", t.p50_us),
+                format!("\"tail_read_p99_us\":{}", t.p99_us),
+                format!("\"tail_read_max_us\":{}", t.max_us),
             ]);
         }
         println!("{{{}}}", fields.join(","));
@@ -539,6 +668,17 @@ fn main() -> Result<()> {
             r.open_seconds + r.restore_seconds,
             r.open_seconds,
             r.restore_seconds
+        );
+    }
+    if let Some(t) = &tail {
+        println!(
+            "tenure-storage tail reads: {} groups, {TAIL_ROUNDS} rounds of {TAIL_ENTRIES_PER_ROUND} \
+             entries each, {} purges (each keeping {} entries)",
+            options.groups, t.purges, t.entries_kept
+        );
+        println!(
+            "  read of the last entry  mean {:.2} us, p50 {} us, p99 {} us, max {} us ({} reads)",
+            t.mean_us, t.p50_us, t.p99_us, t.max_us, t.reads
         );
     }
     Ok(())

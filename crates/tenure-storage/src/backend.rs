@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
-use rocksdb::{ColumnFamily, DB, Direction, IteratorMode, WriteBatch, WriteOptions};
+use rocksdb::{ColumnFamily, DB, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 
 /// Column family of log entries.
 pub const CF_LOG: &str = "log";
@@ -273,12 +273,18 @@ impl Backend {
     }
 
     /// Calls `visit` with each key and value from `from` on (`forward`) or back (`!forward`),
-    /// until it returns false.
+    /// until it returns false or the scan reaches `limit`: going forward, keys before `limit`
+    /// only (exclusive); going back, keys from `limit` on only (inclusive).
+    ///
+    /// A limit is not only a convenience: without one, RocksDB's iterator steps past the
+    /// caller's last key into whatever follows, and when that is another group's purged log
+    /// prefix (range-deleted, not yet compacted away) the step has to skip over it.
     pub(crate) fn scan(
         &self,
         cf: Cf,
         from: &[u8],
         forward: bool,
+        limit: Option<&[u8]>,
         mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool, String>,
     ) -> Result<(), String> {
         match self {
@@ -288,7 +294,17 @@ impl Backend {
                 } else {
                     Direction::Reverse
                 };
-                for item in db.iterator_cf(rocks_cf(db, cf)?, IteratorMode::From(from, direction)) {
+                let mut options = ReadOptions::default();
+                match (limit, forward) {
+                    (Some(limit), true) => options.set_iterate_upper_bound(limit),
+                    (Some(limit), false) => options.set_iterate_lower_bound(limit),
+                    (None, _) => {}
+                }
+                for item in db.iterator_cf_opt(
+                    rocks_cf(db, cf)?,
+                    options,
+                    IteratorMode::From(from, direction),
+                ) {
                     let (key, value) = item.map_err(|e| e.to_string())?;
                     if !visit(&key, &value)? {
                         break;
@@ -300,17 +316,21 @@ impl Backend {
                 let state = disk.lock();
                 let table = &state.visible[cf.index()];
                 if forward {
-                    for (key, value) in
-                        table.range::<[u8], _>((Bound::Included(from), Bound::Unbounded))
-                    {
+                    let end = limit.map_or(Bound::Unbounded, Bound::Excluded);
+                    if limit.is_some_and(|limit| limit <= from) {
+                        return Ok(());
+                    }
+                    for (key, value) in table.range::<[u8], _>((Bound::Included(from), end)) {
                         if !visit(key, value)? {
                             break;
                         }
                     }
                 } else {
-                    for (key, value) in table
-                        .range::<[u8], _>((Bound::Unbounded, Bound::Included(from)))
-                        .rev()
+                    let start = limit.map_or(Bound::Unbounded, Bound::Included);
+                    if limit.is_some_and(|limit| limit > from) {
+                        return Ok(());
+                    }
+                    for (key, value) in table.range::<[u8], _>((start, Bound::Included(from))).rev()
                     {
                         if !visit(key, value)? {
                             break;
@@ -398,6 +418,38 @@ mod tests {
     }
 
     #[test]
+    fn a_scan_stops_at_its_limit_exclusive_forward_and_inclusive_back() {
+        let (backend, _disk) = disk_with(1);
+        for i in 0..10u8 {
+            backend.write(one(Cf::Log, &[i], &[i]), false).unwrap();
+        }
+        let collect = |from: u8, forward: bool, limit: Option<u8>| {
+            let mut keys = Vec::new();
+            let limit = limit.map(|l| [l]);
+            backend
+                .scan(
+                    Cf::Log,
+                    &[from],
+                    forward,
+                    limit.as_ref().map(|l| &l[..]),
+                    |key, _| {
+                        keys.push(key[0]);
+                        Ok(true)
+                    },
+                )
+                .unwrap();
+            keys
+        };
+        assert_eq!(collect(2, true, Some(5)), [2, 3, 4]);
+        assert_eq!(collect(2, true, None), [2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(collect(5, true, Some(5)), Vec::<u8>::new());
+        assert_eq!(collect(5, true, Some(3)), Vec::<u8>::new());
+        assert_eq!(collect(7, false, Some(5)), [7, 6, 5]);
+        assert_eq!(collect(7, false, None), [7, 6, 5, 4, 3, 2, 1, 0]);
+        assert_eq!(collect(3, false, Some(5)), Vec::<u8>::new());
+    }
+
+    #[test]
     fn a_sync_makes_earlier_writes_durable_and_range_deletes_apply_in_order() {
         let (backend, disk) = disk_with(1);
         for i in 0..10u8 {
@@ -410,7 +462,7 @@ mod tests {
         assert_eq!(disk.crash().lost_batches, 0);
         let mut keys = Vec::new();
         backend
-            .scan(Cf::Meta, &[0], true, |key, _| {
+            .scan(Cf::Meta, &[0], true, None, |key, _| {
                 keys.push(key[0]);
                 Ok(true)
             })
@@ -418,7 +470,7 @@ mod tests {
         assert_eq!(keys, vec![0, 1, 8, 9]);
         let mut last = None;
         backend
-            .scan(Cf::Meta, &[u8::MAX], false, |key, _| {
+            .scan(Cf::Meta, &[u8::MAX], false, None, |key, _| {
                 last = Some(key[0]);
                 Ok(false)
             })

@@ -135,11 +135,12 @@ impl GroupLogStore {
             return Ok(entries);
         }
         let from = codec::log_key(self.group, start);
+        let until = codec::log_key(self.group, end);
         let mut expected: Option<u64> = None;
         let mut failure: Option<StoreError> = None;
         inner
             .backend
-            .scan(Cf::Log, &from, true, |key, value| {
+            .scan(Cf::Log, &from, true, Some(&until), |key, value| {
                 let Some((group, index)) = codec::parse_log_key(key) else {
                     return Ok(false);
                 };
@@ -189,10 +190,17 @@ impl GroupLogStore {
         let inner = &self.shared.inner;
         inner.check_group(self.group)?;
         let from = codec::log_key(self.group, index);
+        // This group's keys only. Forward, the exclusive limit leaves out index `u64::MAX`, which
+        // no log reaches.
+        let limit = if forward {
+            codec::log_key(self.group, u64::MAX)
+        } else {
+            codec::log_key(self.group, 0)
+        };
         let mut found: Option<(Vec<u8>, Vec<u8>)> = None;
         inner
             .backend
-            .scan(Cf::Log, &from, forward, |key, value| {
+            .scan(Cf::Log, &from, forward, Some(&limit), |key, value| {
                 found = Some((key.to_vec(), value.to_vec()));
                 Ok(false)
             })

@@ -446,16 +446,16 @@ impl Inner {
             self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
             self.stats.fsync_micros.fetch_add(micros, Ordering::Relaxed);
         }
-        let completed = batch.len() as u64;
+        // Counted before the callbacks run: whoever a callback wakes sees it counted.
+        self.stats
+            .callbacks_completed
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
         for callback in batch {
             callback.io_completed(match &result {
                 Ok(()) => Ok(()),
                 Err(err) => Err(io::Error::from(err.to_store_error())),
             });
         }
-        self.stats
-            .callbacks_completed
-            .fetch_add(completed, Ordering::Relaxed);
     }
 
     /// The memory disk's flusher: a task on the runtime that opened the store.

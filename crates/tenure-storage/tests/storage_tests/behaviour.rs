@@ -92,6 +92,80 @@ async fn groups_share_one_database_but_never_see_each_others_entries() {
     );
 }
 
+/// Reads of one group stop at its own keys on both engines, whatever its neighbours hold: a
+/// neighbour whose whole log was purged (range-deleted), one with a purged prefix, none at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_stay_inside_their_group_beside_purged_neighbours_on_both_engines() {
+    for engine in ["rocksdb", "memory"] {
+        let dir = TempDir::new().unwrap();
+        let node = if engine == "rocksdb" {
+            NodeStorage::open(dir.path(), StorageOptions::default()).unwrap()
+        } else {
+            let disk = tenure_storage::MemoryDisk::new(7, 0);
+            NodeStorage::open_in_memory(dir.path(), disk, StorageOptions::default()).unwrap()
+        };
+        let mut stores: Vec<_> = (0..5).map(|group| node.log_store(group)).collect();
+        // Group 1: entries 1..=4. Group 2: 1..=30, all purged. Group 3: 1..=30, purged to 20.
+        // Group 4: nothing. Groups 0 and 4 border the others without any entry.
+        append_durably(&mut stores[1], expire_entries(1..5)).await;
+        append_durably(&mut stores[2], expire_entries(1..31)).await;
+        append_durably(&mut stores[3], expire_entries(1..31)).await;
+        stores[2]
+            .purge(log_id::<TenureRaft>(1, 0, 30))
+            .await
+            .unwrap();
+        stores[3]
+            .purge(log_id::<TenureRaft>(1, 0, 20))
+            .await
+            .unwrap();
+
+        let indexes =
+            |entries: Vec<LogEntry>| entries.iter().map(|e| e.index()).collect::<Vec<_>>();
+        assert_eq!(
+            indexes(stores[1].read_range(0, 100).unwrap()),
+            [1, 2, 3, 4],
+            "{engine}"
+        );
+        assert_eq!(
+            indexes(stores[1].read_range(2, 4).unwrap()),
+            [2, 3],
+            "{engine}"
+        );
+        assert!(stores[2].read_range(0, 100).unwrap().is_empty(), "{engine}");
+        assert_eq!(
+            indexes(stores[3].read_range(0, 100).unwrap()),
+            (21..31).collect::<Vec<_>>(),
+            "{engine}"
+        );
+        assert_eq!(
+            indexes(stores[3].read_range(25, 27).unwrap()),
+            [25, 26],
+            "{engine}"
+        );
+        assert!(stores[3].read_range(40, 50).unwrap().is_empty(), "{engine}");
+        let edge = |entry: Option<LogEntry>| entry.map(|e| e.index());
+        for (group, first, last) in [
+            (0, None, None),
+            (1, Some(1), Some(4)),
+            (2, None, None),
+            (3, Some(21), Some(30)),
+            (4, None, None),
+        ] {
+            let store = &stores[group];
+            assert_eq!(
+                edge(store.first_entry().unwrap()),
+                first,
+                "{engine} group {group}"
+            );
+            assert_eq!(
+                edge(store.last_entry().unwrap()),
+                last,
+                "{engine} group {group}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_appends_from_many_groups_complete_through_the_shared_flusher() {
     let dir = TempDir::new().unwrap();
