@@ -198,10 +198,11 @@ pub struct TimingConfig {
     /// Expire commands a group proposes per second at most. Default 20.
     pub expire_commands_per_s_max: u32,
     /// Leases a group reclaims per second at most while its reclaim is on time (the oldest
-    /// due lease less than `expire_overdue_target_ms` past its expiry): after an Expire command
-    /// that reclaimed `n` leases the next waits `n / expire_paced_leases_per_s` seconds, so a
-    /// mass expiry is spread out instead of taking the machine's CPU from client commands.
-    /// 0 = no pacing (only `expire_commands_per_s_max`). Default 2500.
+    /// due lease less than `expire_overdue_target_ms` past its expiry): a paced Expire command
+    /// reclaims at most this rate times the time since the group's last proposal (125 leases a
+    /// 50 ms tick; at most four command gaps' worth), so a mass expiry is spread out evenly
+    /// instead of taking the machine's CPU from client commands. 0 = no pacing (only
+    /// `expire_commands_per_s_max`). Default 2500.
     pub expire_paced_leases_per_s: u32,
     /// How far (log-time milliseconds) the oldest due lease may be past its expiry before its
     /// group stops pacing and reclaims at the full rate (`expire_batch_max` x

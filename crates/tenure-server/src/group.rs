@@ -110,9 +110,8 @@ pub struct GroupHandle {
     queue: mpsc::Sender<Proposal>,
     settings: GroupSettings,
     expire_inflight: AtomicBool,
+    /// Node-clock ms of this group's last Expire proposal (0 = none yet).
     last_expire_clock_ms: AtomicU64,
-    /// Node-clock ms until which the expiry pacing holds this group's next Expire back.
-    expire_paced_until_clock_ms: AtomicU64,
     view: Mutex<LeaderView>,
     /// Set once the replica is stopped (dropped from this node): ends its proposer.
     stopped: watch::Sender<bool>,
@@ -171,7 +170,6 @@ impl GroupHandle {
             settings,
             expire_inflight: AtomicBool::new(false),
             last_expire_clock_ms: AtomicU64::new(0),
-            expire_paced_until_clock_ms: AtomicU64::new(0),
             view: Mutex::new(LeaderView::default()),
             stopped,
             ready_term: watch::channel(0).0,
@@ -371,40 +369,31 @@ impl GroupHandle {
         }) else {
             return;
         };
-        // Claimed before the pace is read, so a command completing in between cannot leave
-        // its successor judged by the pace before it.
+        // Claimed before the last proposal's time is read: only the claimer writes it.
         if self.expire_inflight.swap(true, Ordering::AcqRel) {
             return;
         }
         let clock_now = self.clock.now_ms();
-        if !pace.may_propose(
+        let Some(leases_max) = pace.next_command(
             clock_now,
             self.last_expire_clock_ms.load(Ordering::Relaxed),
-            self.expire_paced_until_clock_ms.load(Ordering::Relaxed),
             due,
-        ) {
+        ) else {
             self.expire_inflight.store(false, Ordering::Release);
             return;
-        }
+        };
         self.last_expire_clock_ms
             .store(clock_now.max(1), Ordering::Relaxed);
         let handle = self.clone();
         tokio::spawn(async move {
             let entry = Entry {
                 log_time_ms: now,
-                command: Command::Expire {
-                    leases_max: pace.leases_max,
-                },
+                command: Command::Expire { leases_max },
             };
             match handle.raft.client_write(entry).await {
                 Ok(response) => {
                     if let Some(output) = response.data {
                         record_reclaimed(&output);
-                        let paced_until =
-                            pace.paced_until(handle.clock.now_ms(), output.reclaimed.len());
-                        handle
-                            .expire_paced_until_clock_ms
-                            .store(paced_until, Ordering::Relaxed);
                     }
                 }
                 Err(error) => debug!(group = handle.group_id, "expire proposal failed: {error}"),

@@ -131,6 +131,12 @@ async fn reads_stay_inside_their_group_beside_purged_neighbours_on_both_engines(
             [2, 3],
             "{engine}"
         );
+        // openraft's unbounded range.
+        assert_eq!(
+            indexes(stores[1].read_range(0, u64::MAX).unwrap()),
+            [1, 2, 3, 4],
+            "{engine}"
+        );
         assert!(stores[2].read_range(0, 100).unwrap().is_empty(), "{engine}");
         assert_eq!(
             indexes(stores[3].read_range(0, 100).unwrap()),
