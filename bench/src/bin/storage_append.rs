@@ -474,7 +474,7 @@ fn run_tail_reads(runtime: &tokio::runtime::Runtime, options: &Options) -> Resul
             for (group, store) in (0u32..).zip(stores.iter_mut()) {
                 let template = payload_template(group)?;
                 for first in (last + 1..=last + TAIL_ENTRIES_PER_ROUND)
-                    .step_by(TAIL_ENTRIES_PER_APPEND as usize)
+                    .step_by(usize::try_from(TAIL_ENTRIES_PER_APPEND)?)
                 {
                     let entries = log_entries(&template, first, TAIL_ENTRIES_PER_APPEND);
                     let (tx, rx) = TenureRaft::oneshot();
@@ -506,7 +506,7 @@ fn run_tail_reads(runtime: &tokio::runtime::Runtime, options: &Options) -> Resul
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).context("histogram")?;
     let mut total_nanos = 0u128;
     for read in 0..options.tail_reads {
-        let store = &stores[(read % u64::from(options.groups)) as usize];
+        let store = &stores[usize::try_from(read % u64::from(options.groups))?];
         let started = Instant::now();
         let entries = store
             .read_range(last, last + 1)

@@ -199,10 +199,10 @@ pub struct TimingConfig {
     pub expire_commands_per_s_max: u32,
     /// Leases a group reclaims per second at most while its reclaim is on time (the oldest
     /// due lease less than `expire_overdue_target_ms` past its expiry): a paced Expire command
-    /// reclaims at most this rate times the time since the group's last proposal (125 leases a
-    /// 50 ms tick; at most four command gaps' worth), so a mass expiry is spread out evenly
-    /// instead of taking the machine's CPU from client commands. 0 = no pacing (only
-    /// `expire_commands_per_s_max`). Default 2500.
+    /// reclaims at most this rate times the time since the group's budget was last spent (125
+    /// leases a 50 ms tick; at most four command gaps' worth; only reclaimed leases spend it),
+    /// so a mass expiry is spread out evenly instead of taking the machine's CPU from client
+    /// commands. 0 = no pacing (only `expire_commands_per_s_max`). Default 2500.
     pub expire_paced_leases_per_s: u32,
     /// How far (log-time milliseconds) the oldest due lease may be past its expiry before its
     /// group stops pacing and reclaims at the full rate (`expire_batch_max` x

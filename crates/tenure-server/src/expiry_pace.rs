@@ -4,12 +4,14 @@
 //! `expire_overdue_target_ms` past its expiry and no AcquireWait is queued in it). Pure: times
 //! arrive as arguments.
 //!
-//! A paced command is sized by the time since the group's last proposal: it reclaims at most
-//! `expire_paced_leases_per_s` x that time (125 leases after the default 50 ms tick), so a
-//! paced group reclaims a little every tick, and a late tick or a slow commit (one Expire is in
-//! flight per group) is made up by the next command instead of lowering the rate. The time
-//! counted is capped at [`PACED_CATCH_UP_GAPS`] command gaps (and at least the time one lease
-//! takes at the rate), so a group that was idle starts with a small command, not a full batch.
+//! A paced command is sized by the group's budget: `expire_paced_leases_per_s` x the time since
+//! the budget was last spent (125 leases a default 50 ms tick), so a paced group reclaims a
+//! little every tick, and a late tick or a slow commit (one Expire is in flight per group) is
+//! made up by the next command instead of lowering the rate. Only leases reclaimed spend it
+//! ([`ExpiryPace::charge`]): an Expire examines at most twice its `leases_max` index entries,
+//! and one that spent them re-filing renewed leases leaves its budget to the next. The budget
+//! builds up for at most [`PACED_CATCH_UP_GAPS`] command gaps (at least the time one lease takes
+//! at the rate), so a group that was idle starts with a small command, not a full batch.
 //! Full commands of `expire_batch_max` (1,024) every 409 ms would reach the same average, but
 //! in bursts: each replica applies a storm's groups' bursts together, and a foreground call
 //! waits behind them. Commands that are not paced (overdue, or waits queued) take a full batch
@@ -64,43 +66,86 @@ impl ExpiryPace {
         self.paced_leases_per_s != 0 && !due.waits_queued && due.overdue_ms < self.overdue_target_ms
     }
 
-    /// The next Expire command of a group: `None` when it may not propose now, else the leases
-    /// it may reclaim at most. `clock_now_ms` is on the node's monotonic clock, the group's last
-    /// proposal was at `last_proposed_clock_ms` (0 = none yet), `due` is what is due in it.
+    /// Time a paced group's unused budget may build up, milliseconds: [`PACED_CATCH_UP_GAPS`]
+    /// command gaps, and at least the time one lease takes (so a very low rate still reclaims).
+    fn budget_window_ms(&self) -> u64 {
+        let rate = u64::from(self.paced_leases_per_s.max(1));
+        self.command_gap_ms
+            .saturating_mul(PACED_CATCH_UP_GAPS)
+            .max(1_000u64.div_ceil(rate))
+    }
+
+    /// The next Expire command of a group, or `None` when it may not propose now.
+    /// `clock_now_ms` is on the node's monotonic clock; the group's last proposal was at
+    /// `last_proposed_clock_ms` (0 = none yet); its paced budget is spent up to
+    /// `paced_spent_until_clock_ms` (see [`ExpiryPace::charge`]; 0 = nothing spent); `due` is
+    /// what is due in it.
     pub(crate) fn next_command(
         &self,
         clock_now_ms: u64,
         last_proposed_clock_ms: u64,
+        paced_spent_until_clock_ms: u64,
         due: Due,
-    ) -> Option<u32> {
-        let since_last_ms = if last_proposed_clock_ms == 0 {
-            u64::MAX
-        } else {
-            clock_now_ms.saturating_sub(last_proposed_clock_ms)
-        };
-        if since_last_ms < self.min_gap_ms {
+    ) -> Option<ExpireCommand> {
+        if last_proposed_clock_ms != 0
+            && clock_now_ms.saturating_sub(last_proposed_clock_ms) < self.min_gap_ms
+        {
             return None;
         }
         if !self.paces(due) {
-            return Some(self.leases_max);
+            return Some(ExpireCommand {
+                leases_max: self.leases_max,
+                paced: false,
+            });
         }
-        let rate = u64::from(self.paced_leases_per_s);
-        // At least the time one lease takes, so a very low rate still reclaims.
-        let counted_ms = since_last_ms.min(
-            self.command_gap_ms
-                .saturating_mul(PACED_CATCH_UP_GAPS)
-                .max(1_000u64.div_ceil(rate)),
-        );
-        let budget = rate.saturating_mul(counted_ms) / 1_000;
+        let from_ms =
+            paced_spent_until_clock_ms.max(clock_now_ms.saturating_sub(self.budget_window_ms()));
+        let budget = u64::from(self.paced_leases_per_s)
+            .saturating_mul(clock_now_ms.saturating_sub(from_ms))
+            / 1_000;
         if budget == 0 {
             return None;
         }
-        Some(
-            u32::try_from(budget)
+        Some(ExpireCommand {
+            leases_max: u32::try_from(budget)
                 .unwrap_or(u32::MAX)
                 .min(self.leases_max.max(1)),
+            paced: true,
+        })
+    }
+
+    /// Where a group's paced budget is spent up to after a paced command proposed at
+    /// `proposed_clock_ms` reclaimed `reclaimed` leases, given it was spent up to
+    /// `paced_spent_until_clock_ms` before. Only what was reclaimed is charged: a command that
+    /// spent its examined entries re-filing renewed leases leaves its budget to the next one.
+    pub(crate) fn charge(
+        &self,
+        paced_spent_until_clock_ms: u64,
+        proposed_clock_ms: u64,
+        reclaimed: usize,
+    ) -> u64 {
+        if self.paced_leases_per_s == 0 {
+            return paced_spent_until_clock_ms;
+        }
+        let from_ms = paced_spent_until_clock_ms
+            .max(proposed_clock_ms.saturating_sub(self.budget_window_ms()));
+        let reclaimed = u64::try_from(reclaimed).unwrap_or(u64::MAX);
+        // Rounded up: the rate is never exceeded.
+        from_ms.saturating_add(
+            reclaimed
+                .saturating_mul(1_000)
+                .div_ceil(u64::from(self.paced_leases_per_s)),
         )
     }
+}
+
+/// An Expire command a group may propose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ExpireCommand {
+    /// Leases (and other due records) it may reclaim at most.
+    pub leases_max: u32,
+    /// Whether it is paced (its reclaim is charged to the group's budget).
+    pub paced: bool,
 }
 
 /// What is due in a group when its leader considers an Expire.
@@ -128,50 +173,107 @@ mod tests {
         }
     }
 
+    fn paced(leases_max: u32) -> Option<ExpireCommand> {
+        Some(ExpireCommand {
+            leases_max,
+            paced: true,
+        })
+    }
+
+    fn full() -> Option<ExpireCommand> {
+        Some(ExpireCommand {
+            leases_max: 1_024,
+            paced: false,
+        })
+    }
+
     #[test]
-    fn a_paced_command_is_the_rates_share_of_the_time_since_the_last_one() {
+    fn a_paced_command_is_the_budget_built_up_since_it_was_last_spent() {
         let pace = pace();
         assert_eq!(pace.leases_max, 1_024);
         assert_eq!(pace.min_gap_ms, 50);
         assert_eq!(pace.command_gap_ms, 50);
         // Within the command gap: nothing.
-        assert_eq!(pace.next_command(10_049, 10_000, overdue(0)), None);
-        // One tick: 2,500 a second x 50 ms.
-        assert_eq!(pace.next_command(10_050, 10_000, overdue(0)), Some(125));
+        assert_eq!(pace.next_command(10_049, 10_000, 10_000, overdue(0)), None);
+        // One tick's budget: 2,500 a second x 50 ms.
+        assert_eq!(
+            pace.next_command(10_050, 10_000, 10_000, overdue(0)),
+            paced(125)
+        );
         // A late tick or a slow commit is made up...
-        assert_eq!(pace.next_command(10_099, 10_000, overdue(0)), Some(247));
+        assert_eq!(
+            pace.next_command(10_099, 10_000, 10_000, overdue(0)),
+            paced(247)
+        );
         // ...up to four gaps' worth; a group's first command is that size too.
-        assert_eq!(pace.next_command(10_200, 10_000, overdue(0)), Some(500));
-        assert_eq!(pace.next_command(60_000, 10_000, overdue(0)), Some(500));
-        assert_eq!(pace.next_command(1, 0, overdue(4_999)), Some(500));
+        assert_eq!(
+            pace.next_command(10_200, 10_000, 10_000, overdue(0)),
+            paced(500)
+        );
+        assert_eq!(
+            pace.next_command(60_000, 10_000, 10_000, overdue(0)),
+            paced(500)
+        );
+        assert_eq!(pace.next_command(10_000, 0, 0, overdue(4_999)), paced(500));
+        // A clock that went back proposes nothing until it passes the gap again.
+        assert_eq!(pace.next_command(9_000, 10_000, 10_000, overdue(0)), None);
+    }
+
+    #[test]
+    fn only_reclaimed_leases_spend_the_budget() {
+        let pace = pace();
+        // 125 reclaimed by a command proposed at 10,050, the budget spent up to 10,000: spent
+        // up to 10,050.
+        assert_eq!(pace.charge(10_000, 10_050, 125), 10_050);
+        // A command that only re-filed renewed leases spends nothing: the next, a tick later,
+        // has two ticks' budget.
+        let spent = pace.charge(10_000, 10_050, 0);
+        assert_eq!(spent, 10_000);
+        assert_eq!(
+            pace.next_command(10_100, 10_050, spent, overdue(0)),
+            paced(250)
+        );
+        // A budget unused for long is capped at four gaps before the proposal.
+        assert_eq!(pace.charge(0, 10_000, 0), 9_800);
+        assert_eq!(pace.charge(0, 10_000, 500), 10_000);
+        // Pacing off: nothing is charged.
+        let mut unpaced = pace;
+        unpaced.paced_leases_per_s = 0;
+        assert_eq!(unpaced.charge(10_000, 10_050, 1_024), 10_000);
     }
 
     #[test]
     fn an_overdue_group_or_one_with_queued_waits_takes_full_commands_at_the_command_rate() {
         let pace = pace();
+        // Even with its paced budget spent far ahead.
         assert_eq!(
-            pace.next_command(10_050, 10_000, overdue(5_000)),
-            Some(1_024)
+            pace.next_command(10_050, 10_000, 20_000, overdue(5_000)),
+            full()
         );
-        assert_eq!(pace.next_command(10_049, 10_000, overdue(5_000)), None);
+        assert_eq!(
+            pace.next_command(10_049, 10_000, 10_000, overdue(5_000)),
+            None
+        );
         let waits = Due {
             overdue_ms: 0,
             waits_queued: true,
         };
-        assert_eq!(pace.next_command(10_050, 10_000, waits), Some(1_024));
-        assert_eq!(pace.next_command(10_049, 10_000, waits), None);
+        assert_eq!(pace.next_command(10_050, 10_000, 20_000, waits), full());
+        assert_eq!(pace.next_command(10_049, 10_000, 10_000, waits), None);
+        // A paced group whose budget is spent ahead waits for it.
+        assert_eq!(pace.next_command(10_050, 10_000, 10_100, overdue(0)), None);
     }
 
     #[test]
     fn pacing_off_leaves_only_the_command_rate() {
         let mut pace = pace();
         pace.paced_leases_per_s = 0;
-        assert_eq!(pace.next_command(10_050, 10_000, overdue(0)), Some(1_024));
-        assert_eq!(pace.next_command(10_049, 10_000, overdue(0)), None);
+        assert_eq!(pace.next_command(10_050, 10_000, 0, overdue(0)), full());
+        assert_eq!(pace.next_command(10_049, 10_000, 0, overdue(0)), None);
     }
 
     #[test]
-    fn the_share_follows_the_rate_the_interval_and_the_batch_limit() {
+    fn the_budget_follows_the_rate_the_interval_and_the_batch_limit() {
         let with = |rate: u32, interval_ms: u64, commands_per_s: u32| {
             ExpiryPace::from_timing(&TimingConfig {
                 expire_paced_leases_per_s: rate,
@@ -180,20 +282,49 @@ mod tests {
                 ..TimingConfig::default()
             })
         };
-        // A 200 ms driver interval: 500 a tick.
+        // A 200 ms driver interval: 500 a tick, and up to four ticks' worth.
         let slow_ticks = with(2_500, 200, 20);
         assert_eq!(
-            slow_ticks.next_command(10_200, 10_000, overdue(0)),
-            Some(500)
+            slow_ticks.next_command(10_200, 10_000, 10_000, overdue(0)),
+            paced(500)
+        );
+        assert_eq!(
+            slow_ticks.next_command(10_400, 10_000, 10_000, overdue(0)),
+            paced(1_000)
         );
         // Never more than a full batch.
         let fast = with(1_000_000, 50, 20);
-        assert_eq!(fast.next_command(10_050, 10_000, overdue(0)), Some(1_024));
+        assert_eq!(
+            fast.next_command(10_050, 10_000, 10_000, overdue(0)),
+            paced(1_024)
+        );
         // One lease a second: nothing until a second has passed, then one.
         let trickle = with(1, 50, 20);
-        assert_eq!(trickle.next_command(10_999, 10_000, overdue(0)), None);
-        assert_eq!(trickle.next_command(11_000, 10_000, overdue(0)), Some(1));
-        assert_eq!(trickle.next_command(99_000, 10_000, overdue(0)), Some(1));
+        assert_eq!(
+            trickle.next_command(10_999, 10_000, 10_000, overdue(0)),
+            None
+        );
+        assert_eq!(
+            trickle.next_command(11_000, 10_000, 10_000, overdue(0)),
+            paced(1)
+        );
+        assert_eq!(
+            trickle.next_command(99_000, 10_000, 10_000, overdue(0)),
+            paced(1)
+        );
+        // An odd rate is kept over time: the remainder carries in the spent time.
+        let odd = with(30, 50, 20);
+        let (mut spent, mut last, mut reclaimed) = (10_000u64, 10_000u64, 0usize);
+        for tick in 1..=200u64 {
+            let now = 10_000 + tick * 50;
+            if let Some(command) = odd.next_command(now, last, spent, overdue(0)) {
+                reclaimed += command.leases_max as usize;
+                spent = odd.charge(spent, now, command.leases_max as usize);
+                last = now;
+            }
+        }
+        // 10 s at 30 a second, never more.
+        assert!((290..=300).contains(&reclaimed), "{reclaimed}");
     }
 
     /// One group's share of a storm (`share` leases expiring uniformly over the first second),
@@ -213,8 +344,9 @@ mod tests {
     fn drain(pace: ExpiryPace, share: usize, commit_ms: u64) -> Drained {
         const JITTER_MS: [i64; 5] = [0, -1, 2, -2, 1];
         let expiry_of = |i: usize| (i as u64) * 1_000 / (share as u64);
-        let (mut reclaimed, mut last, mut tick) = (0usize, 0u64, 0u64);
-        let mut inflight: Option<(u64, usize)> = None;
+        let (mut reclaimed, mut last, mut spent, mut tick) = (0usize, 0u64, 0u64, 0u64);
+        // (commits at, leases reclaimed, proposed at, paced)
+        let mut inflight: Option<(u64, usize, u64, bool)> = None;
         let mut drained = Drained {
             done_ms: 0,
             overdue_max_ms: 0,
@@ -223,12 +355,17 @@ mod tests {
         };
         while reclaimed < share {
             tick += 1;
-            let t = (tick * 50).saturating_add_signed(JITTER_MS[tick as usize % JITTER_MS.len()]);
+            let t = (tick * 50).saturating_add_signed(
+                JITTER_MS[usize::try_from(tick).unwrap_or(0) % JITTER_MS.len()],
+            );
             assert!(t < 30_000, "the storm never drained");
-            if let Some((commits_at, n)) = inflight
+            if let Some((commits_at, n, proposed_at, was_paced)) = inflight
                 && commits_at <= t
             {
                 reclaimed += n;
+                if was_paced {
+                    spent = pace.charge(spent, proposed_at, n);
+                }
                 inflight = None;
                 drained.done_ms = commits_at;
             }
@@ -240,15 +377,16 @@ mod tests {
                 continue;
             }
             let state = overdue(t - expiry_of(reclaimed));
-            let Some(leases_max) = pace.next_command(t, last, state) else {
+            let Some(command) = pace.next_command(t, last, spent, state) else {
                 continue;
             };
-            if pace.paces(state) {
-                drained.paced_command_max = drained.paced_command_max.max(leases_max);
+            if command.paced {
+                drained.paced_command_max = drained.paced_command_max.max(command.leases_max);
             }
             drained.overdue_max_ms = drained.overdue_max_ms.max(state.overdue_ms);
             last = t;
-            inflight = Some((t + commit_ms, (due - reclaimed).min(leases_max as usize)));
+            let n = (due - reclaimed).min(command.leases_max as usize);
+            inflight = Some((t + commit_ms, n, t, command.paced));
         }
         drained
     }
@@ -277,9 +415,10 @@ mod tests {
                 "commit {commit_ms} ms: done at {} ms",
                 drained.done_ms
             );
-            // Past the target by at most the command in flight and two ticks (with jitter).
+            // Past the target by at most the command in flight and three ticks (one skipped by
+            // the jitter).
             assert!(
-                drained.overdue_max_ms <= pace.overdue_target_ms + commit_ms + 2 * 50 + 10,
+                drained.overdue_max_ms <= pace.overdue_target_ms + commit_ms + 3 * 50 + 10,
                 "commit {commit_ms} ms: a lease waited {} ms",
                 drained.overdue_max_ms
             );

@@ -112,6 +112,9 @@ pub struct GroupHandle {
     expire_inflight: AtomicBool,
     /// Node-clock ms of this group's last Expire proposal (0 = none yet).
     last_expire_clock_ms: AtomicU64,
+    /// Node-clock ms up to which this group's paced reclaim budget is spent (see
+    /// `ExpiryPace::charge`).
+    expire_paced_spent_until_clock_ms: AtomicU64,
     view: Mutex<LeaderView>,
     /// Set once the replica is stopped (dropped from this node): ends its proposer.
     stopped: watch::Sender<bool>,
@@ -170,6 +173,7 @@ impl GroupHandle {
             settings,
             expire_inflight: AtomicBool::new(false),
             last_expire_clock_ms: AtomicU64::new(0),
+            expire_paced_spent_until_clock_ms: AtomicU64::new(0),
             view: Mutex::new(LeaderView::default()),
             stopped,
             ready_term: watch::channel(0).0,
@@ -369,14 +373,17 @@ impl GroupHandle {
         }) else {
             return;
         };
-        // Claimed before the last proposal's time is read: only the claimer writes it.
+        // Claimed before the last proposal's time and the spent budget are read: only the
+        // claimer (or its command, before releasing the claim) writes them.
         if self.expire_inflight.swap(true, Ordering::AcqRel) {
             return;
         }
         let clock_now = self.clock.now_ms();
-        let Some(leases_max) = pace.next_command(
+        let Some(command) = pace.next_command(
             clock_now,
             self.last_expire_clock_ms.load(Ordering::Relaxed),
+            self.expire_paced_spent_until_clock_ms
+                .load(Ordering::Relaxed),
             due,
         ) else {
             self.expire_inflight.store(false, Ordering::Release);
@@ -388,12 +395,26 @@ impl GroupHandle {
         tokio::spawn(async move {
             let entry = Entry {
                 log_time_ms: now,
-                command: Command::Expire { leases_max },
+                command: Command::Expire {
+                    leases_max: command.leases_max,
+                },
             };
             match handle.raft.client_write(entry).await {
                 Ok(response) => {
                     if let Some(output) = response.data {
                         record_reclaimed(&output);
+                        if command.paced {
+                            let spent = pace.charge(
+                                handle
+                                    .expire_paced_spent_until_clock_ms
+                                    .load(Ordering::Relaxed),
+                                clock_now,
+                                output.reclaimed.len(),
+                            );
+                            handle
+                                .expire_paced_spent_until_clock_ms
+                                .store(spent, Ordering::Relaxed);
+                        }
                     }
                 }
                 Err(error) => debug!(group = handle.group_id, "expire proposal failed: {error}"),

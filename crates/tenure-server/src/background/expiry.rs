@@ -1,7 +1,7 @@
 //! The expiry driver: every `timing.expire_interval_ms`, each group this node leads proposes an
 //! Expire command when a lease is due (at most `expire_commands_per_s_max` per group, up to
 //! `expire_batch_max` leases each, in expiry order), paced by [`ExpiryPace`]: while the group's
-//! reclaim is on time it reclaims at most `expire_paced_leases_per_s`, so a mass expiry (a
+//! reclaim is on time it reclaims at most `expire_paced_leases_per_s` a second, so a mass expiry (a
 //! million leases ending in the same second) is spread over seconds instead of taking every
 //! core from client commands; once its oldest due lease is `expire_overdue_target_ms` late, or
 //! while an AcquireWait is queued in it, it reclaims at the full rate.
