@@ -10,8 +10,8 @@
 //! - `benches/state_machine.rs`: criterion benchmarks of `apply` for Acquire, Renew, Release and
 //!   Expire with one million resident active leases (`cargo bench -p tenure-bench`).
 //! - `src/bin/storage_append.rs` (feature `storage`): durable appends from 64 groups through one
-//!   shared WAL sync, and the time to reopen a store holding 1M leases
-//!   (`cargo run --release -p tenure-bench --features storage --bin storage_append`).
+//!   shared WAL sync, the time to reopen a store holding 1M leases, and reads of a group's newest
+//!   log entry beside purged logs (`cargo run --release -p tenure-bench --features storage --bin storage_append`).
 //! - `src/bin/lease_memory.rs`: heap bytes per active lease, with and without the request-id
 //!   (idempotency) records, and a renews-per-second sanity figure
 //!   (`cargo run --release -p tenure-bench --bin lease_memory`).

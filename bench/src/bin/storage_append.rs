@@ -33,8 +33,8 @@
 //! which is where a server's recent purges are.
 //!
 //! Usage: `storage_append [--json] [--duration-s S] [--entries-per-append K] [--groups G]
-//! [--pipeline P] [--reopen-leases N] [--tail-reads N]`. With `--json` it prints one JSON line instead of the
-//! human-readable report.
+//! [--pipeline P] [--reopen-leases N] [--tail-reads N]`. With `--json` it prints one JSON line
+//! instead of the human-readable report.
 
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
 

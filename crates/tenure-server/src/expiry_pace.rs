@@ -75,6 +75,12 @@ impl ExpiryPace {
             .max(1_000u64.div_ceil(rate))
     }
 
+    /// Where a group's unspent budget starts at `clock_ms`: where it was spent up to, or the
+    /// start of the window it may build up over, whichever is later.
+    fn budget_from_ms(&self, paced_spent_until_clock_ms: u64, clock_ms: u64) -> u64 {
+        paced_spent_until_clock_ms.max(clock_ms.saturating_sub(self.budget_window_ms()))
+    }
+
     /// The next Expire command of a group, or `None` when it may not propose now.
     /// `clock_now_ms` is on the node's monotonic clock; the group's last proposal was at
     /// `last_proposed_clock_ms` (0 = none yet); its paced budget is spent up to
@@ -98,8 +104,7 @@ impl ExpiryPace {
                 paced: false,
             });
         }
-        let from_ms =
-            paced_spent_until_clock_ms.max(clock_now_ms.saturating_sub(self.budget_window_ms()));
+        let from_ms = self.budget_from_ms(paced_spent_until_clock_ms, clock_now_ms);
         let budget = u64::from(self.paced_leases_per_s)
             .saturating_mul(clock_now_ms.saturating_sub(from_ms))
             / 1_000;
@@ -109,7 +114,7 @@ impl ExpiryPace {
         Some(ExpireCommand {
             leases_max: u32::try_from(budget)
                 .unwrap_or(u32::MAX)
-                .min(self.leases_max.max(1)),
+                .min(self.leases_max),
             paced: true,
         })
     }
@@ -127,8 +132,7 @@ impl ExpiryPace {
         if self.paced_leases_per_s == 0 {
             return paced_spent_until_clock_ms;
         }
-        let from_ms = paced_spent_until_clock_ms
-            .max(proposed_clock_ms.saturating_sub(self.budget_window_ms()));
+        let from_ms = self.budget_from_ms(paced_spent_until_clock_ms, proposed_clock_ms);
         let reclaimed = u64::try_from(reclaimed).unwrap_or(u64::MAX);
         // Rounded up: the rate is never exceeded.
         from_ms.saturating_add(
