@@ -167,7 +167,7 @@ pub const STATE_LEASE_RECORDS: &str = "tenure_state_lease_records";
 pub const STATE_DEDUP_RECORDS: &str = "tenure_state_dedup_records";
 /// Snapshots this node built (a build with nothing new to write is not counted).
 pub const SNAPSHOT_BUILDS_TOTAL: &str = "tenure_snapshot_builds_total";
-/// Seconds those builds took, from asking for the state lock to the durable pointer (a gauge holding a
+/// Seconds those builds took, from the freeze to the durable pointer (a gauge holding a
 /// cumulative value, like `FSYNC_SECONDS_TOTAL`).
 pub const SNAPSHOT_BUILD_SECONDS_TOTAL: &str = "tenure_snapshot_build_seconds_total";
 /// The longest build since the node started, in seconds.
@@ -176,20 +176,20 @@ pub const SNAPSHOT_BUILD_SECONDS_MAX: &str = "tenure_snapshot_build_seconds_max"
 pub const SNAPSHOT_BYTES_MAX: &str = "tenure_snapshot_bytes_max";
 /// Bytes of every snapshot built since start.
 pub const SNAPSHOT_WRITTEN_BYTES_TOTAL: &str = "tenure_snapshot_written_bytes_total";
-/// The longest time one build held a group's state lock (to freeze it; the group's apply waited
-/// meanwhile) since the node started, in seconds, wall time. Issue 25's bound is 10 ms. The chunk
-/// copies the first entries after a freeze make inside their own apply are in
+/// The longest time one build's freeze stopped a group's apply since the node started, in seconds,
+/// wall time (the freeze runs on the apply task between two entries). Issue 25's bound is 10 ms.
+/// The chunk copies the first entries after a freeze make inside their own apply are in
 /// `SNAPSHOT_SHARED_APPLY_SECONDS_MAX`.
 pub const SNAPSHOT_APPLY_PAUSE_SECONDS_MAX: &str = "tenure_snapshot_apply_pause_seconds_max";
-/// Builds that held a group's state for more than 10 ms.
+/// Builds whose freeze stopped a group's apply for more than 10 ms.
 pub const SNAPSHOT_APPLY_PAUSES_OVER_10MS_TOTAL: &str =
     "tenure_snapshot_apply_pauses_over_10ms_total";
 /// The longest apply of one entry while a snapshot build's frozen copy of its group was alive
 /// (the copy-on-write chunk copies land in that apply) since the node started, in seconds.
 pub const SNAPSHOT_SHARED_APPLY_SECONDS_MAX: &str = "tenure_snapshot_shared_apply_seconds_max";
-/// The most CPU time the holding thread spent in one build's lock hold since the node started,
-/// in seconds: beside the wall time of `SNAPSHOT_APPLY_PAUSE_SECONDS_MAX`, the difference is the
-/// thread waiting for a core.
+/// The most CPU time the applying thread spent in one build's freeze since the node started, in
+/// seconds: beside the wall time of `SNAPSHOT_APPLY_PAUSE_SECONDS_MAX`, the difference is the
+/// thread waiting for a core (or for the state lock, held by a reader).
 pub const SNAPSHOT_APPLY_PAUSE_CPU_SECONDS_MAX: &str =
     "tenure_snapshot_apply_pause_cpu_seconds_max";
 /// The most CPU time one entry's apply took while a frozen copy was alive, in seconds.

@@ -109,8 +109,8 @@ pub struct StorageStats {
     pub fsync_micros: AtomicU64,
     /// Snapshots built (a build with nothing new to write is not counted).
     pub snapshot_builds: AtomicU64,
-    /// Total microseconds those builds took, from asking for the state lock to the durable
-    /// pointer.
+    /// Total microseconds those builds took, from taking the group's snapshot exclusion (after
+    /// the freeze) to the durable pointer.
     pub snapshot_build_micros: AtomicU64,
     /// The longest of those builds, in microseconds.
     pub snapshot_build_micros_max: AtomicU64,
@@ -118,13 +118,13 @@ pub struct StorageStats {
     pub snapshot_bytes_max: AtomicU64,
     /// Bytes of every snapshot built.
     pub snapshot_bytes: AtomicU64,
-    /// The longest time a build held a group's state lock (apply of that group waits meanwhile),
-    /// in microseconds.
+    /// The longest time a build's freeze stopped a group's apply (the freeze runs on the apply
+    /// task, from asking for the state lock to releasing it), in microseconds, wall time.
     pub snapshot_pause_micros_max: AtomicU64,
-    /// Builds that held a group's state lock for more than 10 ms.
+    /// Builds whose freeze stopped a group's apply for more than 10 ms.
     pub snapshot_pauses_over_10ms: AtomicU64,
-    /// The most CPU time the holding thread spent in one build's lock hold, in microseconds
-    /// (beside the wall time above: the difference is the thread waiting for a core).
+    /// The most CPU time the applying thread spent in one build's freeze, in microseconds
+    /// (beside the wall time above: the difference is the thread waiting for a core or the lock).
     pub snapshot_pause_cpu_micros_max: AtomicU64,
     /// The most CPU time one entry's apply took while a frozen copy was alive, in microseconds.
     pub snapshot_shared_apply_cpu_micros_max: AtomicU64,
@@ -160,11 +160,11 @@ pub struct StatsSnapshot {
     pub snapshot_bytes_max: u64,
     /// Bytes of every snapshot built.
     pub snapshot_bytes: u64,
-    /// The longest time a build held a group's state lock, in microseconds.
+    /// The longest time a build's freeze stopped a group's apply, in microseconds.
     pub snapshot_pause_micros_max: u64,
-    /// Builds that held a group's state lock for more than 10 ms.
+    /// Builds whose freeze stopped a group's apply for more than 10 ms.
     pub snapshot_pauses_over_10ms: u64,
-    /// The most CPU time the holding thread spent in one build's lock hold, in microseconds.
+    /// The most CPU time the applying thread spent in one build's freeze, in microseconds.
     pub snapshot_pause_cpu_micros_max: u64,
     /// The most CPU time one entry's apply took while a frozen copy was alive, in microseconds.
     pub snapshot_shared_apply_cpu_micros_max: u64,
@@ -212,7 +212,8 @@ pub(crate) struct Inner {
 /// A point inside a storage operation where a test can pause it or make it fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TestStep {
-    /// A snapshot build has frozen the state, released the state lock, and is about to write.
+    /// A snapshot build holds the group's snapshot exclusion with the state it froze (when its
+    /// builder was made) and is about to write it.
     BuildFrozen,
     /// A snapshot build has written its file and is about to make it current.
     BuildWritten,

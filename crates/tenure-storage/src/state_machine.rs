@@ -8,14 +8,17 @@
 //!
 //! Snapshots use tenure-core's format, written and read as a stream straight to and from the file
 //! (never a second copy of the file in memory; while a build writes, the chunks apply writes to
-//! are held twice, copy-on-write). A build holds the group's state lock only to freeze the state
-//! (`LeaseStateMachine::freeze`: copy-on-write chunks, so it costs a pointer per chunk plus the
-//! small parts it copies) and writes the frozen copy with the lock released, so apply goes on; a
-//! write to a chunk the frozen copy still shares copies that chunk first, inside that apply. Each
-//! build's lock time is recorded in the node's [`StorageStats`], with the longest and those over
-//! 10 ms (issue 25: builds used to hold the lock for the whole write, about 0.45 s per million
-//! leases), and so is every entry's apply while a frozen copy is alive (the chunk copies), with
-//! the longest and those over 10 ms.
+//! are held twice, copy-on-write). The state is frozen (`LeaseStateMachine::freeze`:
+//! copy-on-write chunks, so it costs a pointer per chunk plus the small parts it copies) when
+//! openraft asks for a builder, which it does on its state machine worker, the task that applies,
+//! between two entries; the build then writes the frozen copy on a thread of its own while apply
+//! goes on. A write to a chunk the frozen copy still shares copies that chunk first, inside that
+//! apply. So no other thread holds the state lock for a build: a builder thread that lost its
+//! core while holding the lock for the freeze stopped apply for up to 40 ms on this machine when
+//! it did. Each freeze's time is recorded in the node's [`StorageStats`] (wall and CPU), with the
+//! longest and those over 10 ms (issue 25: builds used to hold the lock for the whole write,
+//! about 0.45 s per million leases), and so is every entry's apply while a frozen copy is alive
+//! (the chunk copies), with the longest and those over 10 ms.
 //!
 //! openraft builds snapshots in a task of their own, so a build can overlap an install of the
 //! leader's snapshot. Three rules keep the durable pointer naming a file that exists and a state
@@ -39,7 +42,7 @@ use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend};
 use serde::{Deserialize, Serialize};
-use tenure_core::{GroupId, LeaseStateMachine, StateOptions};
+use tenure_core::{FrozenState, GroupId, LeaseStateMachine, StateOptions};
 
 use crate::TenureRaft;
 use crate::backend::{Batch, Cf};
@@ -93,16 +96,16 @@ pub struct GroupStateMachine {
 }
 
 /// Counts a frozen copy alive for as long as it lives (every exit of a build).
-struct FrozenCopyAlive<'a>(&'a AtomicU32);
+struct FrozenCopyAlive(Arc<AtomicU32>);
 
-impl<'a> FrozenCopyAlive<'a> {
-    fn new(count: &'a AtomicU32) -> Self {
+impl FrozenCopyAlive {
+    fn new(count: &Arc<AtomicU32>) -> Self {
         count.fetch_add(1, Ordering::AcqRel);
-        FrozenCopyAlive(count)
+        FrozenCopyAlive(Arc::clone(count))
     }
 }
 
-impl Drop for FrozenCopyAlive<'_> {
+impl Drop for FrozenCopyAlive {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
@@ -244,10 +247,56 @@ impl GroupStateMachine {
         snapshot_dir(&self.shared.inner.data_dir, self.group)
     }
 
-    /// Writes the state to a new snapshot file and makes it current (blocking). Holds the
-    /// group's snapshot exclusion throughout, so no install runs meanwhile; if nothing was applied
-    /// since the current snapshot, that snapshot is the answer (the pointer never goes back).
-    fn build_blocking(&self) -> Result<(SnapshotPointer, File), StoreError> {
+    /// Freezes the state for a build (see [`FrozenForBuild`]). Called on the apply task, between
+    /// two entries (openraft asks for a builder from its state machine worker, the task that
+    /// applies): the freeze stops this group's apply for its own length only (a pointer per
+    /// chunk), and no other thread holds the state lock for it. The time from asking for the
+    /// lock to releasing it is the build's apply pause, in wall and thread CPU time.
+    fn freeze_for_build(&self) -> GroupSnapshotBuilder {
+        let started = Instant::now();
+        let started_cpu = thread_cpu_time();
+        let state = lock(&self.state);
+        let frozen = if let Some(current) = &state.current
+            && current.meta.last_log_id >= state.last_applied
+        {
+            // Nothing newer than the current snapshot: the build answers with it.
+            None
+        } else {
+            let meta = SnapshotMetaOf::<TenureRaft> {
+                last_log_id: state.last_applied,
+                last_membership: state.membership.clone(),
+            };
+            Some((
+                meta,
+                state.leases.freeze(),
+                FrozenCopyAlive::new(&self.frozen_copies),
+            ))
+        };
+        drop(state);
+        let pause = (
+            started.elapsed(),
+            thread_cpu_time().saturating_sub(started_cpu),
+        );
+        GroupSnapshotBuilder {
+            machine: self.clone(),
+            frozen: frozen.map(|(meta, leases, alive)| FrozenForBuild {
+                meta,
+                leases,
+                alive,
+                pause,
+            }),
+        }
+    }
+
+    /// Writes a frozen state to a new snapshot file and makes it current (blocking). Holds the
+    /// group's snapshot exclusion throughout, so no install runs meanwhile. If the current
+    /// snapshot is at least as new as the frozen state (nothing was applied since it, or an
+    /// install of the leader's snapshot finished between the freeze and now), that snapshot is
+    /// the answer: the pointer never goes back.
+    fn build_blocking(
+        &self,
+        frozen: Option<FrozenForBuild>,
+    ) -> Result<(SnapshotPointer, File), StoreError> {
         let inner = &self.shared.inner;
         let exclusion = inner.snapshot_exclusion(self.group);
         let _exclusive = lock_exclusion(&exclusion);
@@ -262,29 +311,33 @@ impl GroupStateMachine {
             }
         };
         let build_started = Instant::now();
-        let state = lock(&self.state);
-        let locked_at = Instant::now();
-        let locked_at_cpu = thread_cpu_time();
-        if let Some(current) = &state.current
-            && current.meta.last_log_id >= state.last_applied
+        let current = lock(&self.state).current.clone();
+        let current_answers = |current: &SnapshotPointer| {
+            frozen
+                .as_ref()
+                .is_none_or(|frozen| current.meta.last_log_id >= frozen.meta.last_log_id)
+        };
+        if let Some(current) = current
+            && current_answers(&current)
         {
-            // Nothing newer than the current snapshot: it is the answer.
-            let current = current.clone();
-            drop(state);
             let file = File::open(dir.join(&current.file)).map_err(io_error("open snapshot"))?;
             return Ok((current, file));
         }
-        let meta = SnapshotMetaOf::<TenureRaft> {
-            last_log_id: state.last_applied,
-            last_membership: state.membership.clone(),
+        // A builder freezes nothing only when a current snapshot exists, and `current` is only
+        // ever replaced by a newer one, so this is never `None`.
+        let Some(frozen) = frozen else {
+            return Err(StoreError::Snapshot {
+                group: self.group,
+                file: String::new(),
+                detail: "the current snapshot vanished between freeze and build".to_owned(),
+            });
         };
-        // Freeze under the lock (copy-on-write chunks: proportional to the chunks, not the
-        // records), then write with it released: apply goes on meanwhile.
-        let frozen = state.leases.freeze();
-        let frozen_alive = FrozenCopyAlive::new(&self.frozen_copies);
-        drop(state);
-        let pause = locked_at.elapsed();
-        let pause_cpu = thread_cpu_time().saturating_sub(locked_at_cpu);
+        let FrozenForBuild {
+            meta,
+            leases: frozen,
+            alive: frozen_alive,
+            pause,
+        } = frozen;
         let _ = inner.test_step(TestStep::BuildFrozen);
         let stem = snapshot_stem(&meta);
         let temp = TempFile::new(&dir, &stem, inner.next_snapshot_op(), "tmp");
@@ -320,12 +373,7 @@ impl GroupStateMachine {
         // Only build and install set `current`, both under the snapshot exclusion held here, so
         // nothing changed it since the check above.
         lock(&self.state).current = Some(pointer.clone());
-        record_build(
-            &inner.stats,
-            build_started.elapsed(),
-            (pause, pause_cpu),
-            stats.bytes,
-        );
+        record_build(&inner.stats, build_started.elapsed(), pause, stats.bytes);
         remove_stale(&dir, &pointer);
         let file = File::open(dir.join(&pointer.file)).map_err(io_error("open snapshot"))?;
         Ok((pointer, file))
@@ -633,9 +681,22 @@ fn read_snapshot_file(
     Ok(leases)
 }
 
-/// Builds snapshots for one group.
+/// A group's state frozen for one snapshot build, with what the snapshot's metadata says.
+struct FrozenForBuild {
+    meta: SnapshotMetaOf<TenureRaft>,
+    leases: FrozenState,
+    /// Counts the frozen copy as alive (applies beside it are timed) until the build drops it.
+    alive: FrozenCopyAlive,
+    /// How long the freeze stopped the group's apply: wall time and the apply thread's CPU.
+    pause: (Duration, Duration),
+}
+
+/// Builds one snapshot of one group: the state was frozen when openraft asked for the builder
+/// (on the apply task), and the build writes that frozen copy while apply goes on.
 pub struct GroupSnapshotBuilder {
     machine: GroupStateMachine,
+    /// `None` when nothing was applied since the current snapshot. Taken by the first build.
+    frozen: Option<FrozenForBuild>,
 }
 
 impl RaftSnapshotBuilder<TenureRaft> for GroupSnapshotBuilder {
@@ -643,8 +704,11 @@ impl RaftSnapshotBuilder<TenureRaft> for GroupSnapshotBuilder {
 
     async fn build_snapshot(&mut self) -> Result<SnapshotOf<TenureRaft, File>, io::Error> {
         let machine = self.machine.clone();
-        let (pointer, file) =
-            blocking(&self.machine.shared.inner, move || machine.build_blocking()).await?;
+        let frozen = self.frozen.take();
+        let (pointer, file) = blocking(&self.machine.shared.inner, move || {
+            machine.build_blocking(frozen)
+        })
+        .await?;
         Ok(SnapshotOf::<TenureRaft, File> {
             meta: pointer.meta,
             snapshot: file,
@@ -733,9 +797,7 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        GroupSnapshotBuilder {
-            machine: self.clone(),
-        }
+        self.freeze_for_build()
     }
 
     async fn install_snapshot(
@@ -837,27 +899,33 @@ mod tests {
             .expect("hook alive")
     }
 
+    /// A leader's snapshot of entries 1..=40 (its directory, the snapshot, the state's bytes).
+    async fn leader_snapshot_at_40() -> (TempDir, SnapshotOf<TenureRaft, File>, Vec<u8>) {
+        let leader_dir = TempDir::new().unwrap();
+        let leader_node = NodeStorage::open(leader_dir.path(), StorageOptions::default()).unwrap();
+        let mut leader = leader_node
+            .state_machine(GROUP, StateOptions::default())
+            .unwrap();
+        apply_all(&mut leader, entries(1..=40)).await;
+        let snapshot = leader
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let bytes = leader.with_leases(LeaseStateMachine::snapshot_to_vec);
+        (leader_dir, snapshot, bytes)
+    }
+
     /// Build and install overlap: the build has written its (older) snapshot and waits to make it
     /// current while an install of a newer snapshot from the leader runs as far as it can. Then
     /// the build goes on, both finish, and the replica restarts: it must come back with the
     /// installed state, from a snapshot file that exists.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn snapshot_build_racing_install_does_not_strand_replica() {
-        let leader_dir = TempDir::new().unwrap();
         let follower_dir = TempDir::new().unwrap();
         // The leader's snapshot at index 40, which the follower will install.
-        let leader_node = NodeStorage::open(leader_dir.path(), StorageOptions::default()).unwrap();
-        let mut leader = leader_node
-            .state_machine(GROUP, StateOptions::default())
-            .unwrap();
-        apply_all(&mut leader, entries(1..=40)).await;
-        let incoming = leader
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
-        let expected = leader.with_leases(LeaseStateMachine::snapshot_to_vec);
+        let (_leader_dir, incoming, expected) = leader_snapshot_at_40().await;
 
         {
             let node = NodeStorage::open(follower_dir.path(), StorageOptions::default()).unwrap();
@@ -984,6 +1052,65 @@ mod tests {
             "an apply after the build is not counted"
         );
         assert_eq!(node.stats().snapshot_builds, 1);
+    }
+
+    /// The freeze happens when openraft asks for the builder (on the apply task), not when the
+    /// build runs: entries applied between the two are not in the snapshot. And a builder whose
+    /// freeze is older than a snapshot installed before its build runs answers with the
+    /// installed snapshot: writing its older state would move the durable pointer back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_builder_freezes_when_asked_and_never_goes_behind_an_install() {
+        let (_leader_dir, incoming, installed_bytes) = leader_snapshot_at_40().await;
+
+        let dir = TempDir::new().unwrap();
+        {
+            let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+            let mut machine = node.state_machine(GROUP, StateOptions::default()).unwrap();
+            apply_all(&mut machine, entries(1..=10)).await;
+            let frozen_bytes = machine.with_leases(LeaseStateMachine::snapshot_to_vec);
+            let mut builder = machine.get_snapshot_builder().await;
+            apply_all(&mut machine, entries(11..=15)).await;
+            assert_eq!(
+                node.stats().snapshot_shared_applies,
+                5,
+                "applies after the freeze run beside the frozen copy"
+            );
+            let built = builder.build_snapshot().await.unwrap();
+            assert_eq!(built.meta.last_log_id.map(|id| id.index()), Some(10));
+            let mut written = Vec::new();
+            let mut file = built.snapshot;
+            file.seek(SeekFrom::Start(0)).unwrap();
+            file.read_to_end(&mut written).unwrap();
+            assert_eq!(
+                written, frozen_bytes,
+                "the snapshot holds the state at the freeze"
+            );
+
+            // A second builder frozen at 15; the leader's snapshot at 40 is installed first.
+            let mut late_builder = machine.get_snapshot_builder().await;
+            machine
+                .install_snapshot(&incoming.meta, incoming.snapshot)
+                .await
+                .unwrap();
+            let answered = late_builder.build_snapshot().await.unwrap();
+            assert_eq!(
+                answered.meta.last_log_id.map(|id| id.index()),
+                Some(40),
+                "a build frozen before an install answers with the installed snapshot"
+            );
+            assert_eq!(
+                node.stats().snapshot_builds,
+                1,
+                "the late build wrote nothing"
+            );
+        }
+        let node = NodeStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        let machine = node.state_machine(GROUP, StateOptions::default()).unwrap();
+        assert_eq!(machine.last_applied().map(|id| id.index()), Some(40));
+        assert_eq!(
+            machine.with_leases(LeaseStateMachine::snapshot_to_vec),
+            installed_bytes
+        );
     }
 
     fn snapshot_files(dir: &Path) -> Vec<String> {

@@ -1284,7 +1284,7 @@ pub async fn run_scale(
         ),
         figure(
             "6",
-            "longest apply pause of a build (wall; the holding thread's CPU)",
+            "longest apply pause of a build's freeze (wall; the applying thread's CPU)",
             wall_and_cpu(pause_max, pause_cpu_max),
             "<= 10 ms",
             pause_max.map(|s| s <= APPLY_PAUSE_TARGET_S),

@@ -267,10 +267,10 @@ fn corrupt(message: impl Into<String>) -> SnapshotError {
     SnapshotError::Corrupt(message.into())
 }
 
-/// Everything a snapshot holds, frozen at one applied entry: taken under the group's state lock
-/// in time proportional to the number of chunks (the records sit in copy-on-write chunks,
+/// Everything a snapshot holds, frozen at one applied entry: taken between two applies in time
+/// proportional to the number of chunks (the records sit in copy-on-write chunks,
 /// [`super::slab`] and [`super::chunked_ring`]) and the small bounded parts it copies, then written
-/// with the lock released, so apply stops only for the freeze (issue 25: a build used to hold the
+/// while apply goes on, so apply stops only for the freeze (issue 25: a build used to hold the
 /// state for its whole write, about 0.45 s per million leases).
 ///
 /// What the freeze copies outright: the tenants, the free lists and the ended-sessions queue
