@@ -75,7 +75,8 @@ impl Ring {
         Ring {
             covered_from: 0,
             applied_through: 0,
-            events: VecDeque::new(),
+            // Reserved, not touched: pages are written as events arrive.
+            events: VecDeque::with_capacity(EVENTS_RETAINED_PER_GROUP),
             notify: watch::Sender::new(0),
         }
     }
@@ -145,17 +146,19 @@ impl WatchHub {
         ring.applied_through = index;
         if !events.is_empty() {
             ::metrics::counter!(m::WATCH_EVENTS_TOTAL).increment(events.len() as u64);
-            ring.events.extend(events);
-            while ring.events.len() > EVENTS_RETAINED_PER_GROUP {
+            // Room first, then the new events: the ring never holds more than its bound (but
+            // for one entry larger than the ring, kept whole; its size is bounded by the entry's
+            // own bounds), so its buffer, allocated at the bound, never grows. Growing it by
+            // doubling copied it whole, once a ring at a time as each filled up: on a node just
+            // restarted, an expiry storm's first second grew all 64 at once (a profile of the
+            // scale run's storm: a quarter of the nodes' extra CPU in zeroing and copying).
+            while !ring.events.is_empty()
+                && ring.events.len() + events.len() > EVENTS_RETAINED_PER_GROUP
+            {
                 // Whole entries leave: the oldest entry's every event, and with it its index.
                 let Some(oldest) = ring.events.front().map(|event| event.index) else {
                     break;
                 };
-                if oldest == index {
-                    // One entry larger than the ring: keep it whole (its size is bounded by the
-                    // entry's own bounds).
-                    break;
-                }
                 while ring
                     .events
                     .front()
@@ -165,6 +168,7 @@ impl WatchHub {
                 }
                 ring.covered_from = ring.covered_from.max(oldest + 1);
             }
+            ring.events.extend(events);
         }
         ring.notify.send_replace(index);
     }
@@ -408,6 +412,53 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(tokens(&found), vec![3]);
+    }
+
+    /// The ring's buffer is allocated once, at its bound, and never grows: room is made before
+    /// an entry's events go in. Only an entry larger than the ring (kept whole) grows it.
+    #[tokio::test]
+    async fn a_full_ring_makes_room_first_and_never_grows_its_buffer() {
+        let hub = WatchHub::new();
+        feed(&hub, 1, "a");
+        let capacity = hub.rings.get(&1).unwrap().events.capacity();
+        assert!(capacity >= EVENTS_RETAINED_PER_GROUP);
+        // Entries of three events each, well past the bound.
+        let batch = |index: u64| {
+            let (entry, one) = acquire("a", index);
+            let mut output = one.clone();
+            let reclaimed = |n: u64| tenure_core::ReclaimedLease {
+                tenant_id: "t".into(),
+                resource_id: format!("x{n}").into(),
+                lease_id: LeaseId {
+                    group_id: GroupId(1),
+                    sequence: n,
+                },
+                fencing_token: n,
+                expires_at_ms: 50,
+                session_id: None,
+            };
+            output.reclaimed = vec![reclaimed(index * 10), reclaimed(index * 10 + 1)];
+            (entry, output)
+        };
+        let last = EVENTS_RETAINED_PER_GROUP as u64;
+        for index in 2..=last {
+            let (entry, output) = batch(index);
+            hub.observe(1, index, Some((&entry, &output)));
+            let ring = hub.rings.get(&1).unwrap();
+            assert!(ring.events.len() <= EVENTS_RETAINED_PER_GROUP);
+            assert_eq!(ring.events.capacity(), capacity, "grew at index {index}");
+            assert_eq!(
+                ring.events.front().map(|event| event.index),
+                Some(ring.covered_from),
+                "whole entries only"
+            );
+        }
+        let all = WatchSelector::Tenant("t".into());
+        let found = hub
+            .poll(1, &all, last - 1, 10, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(tokens(&found).len(), 3, "the newest entry's three events");
     }
 
     #[tokio::test]
