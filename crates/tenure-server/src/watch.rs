@@ -151,7 +151,7 @@ impl WatchHub {
             // own bounds), so its buffer, allocated at the bound, never grows. Growing it by
             // doubling copied it whole, once a ring at a time as each filled up: on a node just
             // restarted, an expiry storm's first second grew all 64 at once (a profile of the
-            // scale run's storm: a quarter of the nodes' extra CPU in zeroing and copying).
+            // scale run's storm: a third of the nodes' extra CPU in zeroing and copying).
             while !ring.events.is_empty()
                 && ring.events.len() + events.len() > EVENTS_RETAINED_PER_GROUP
             {
