@@ -583,6 +583,8 @@ impl NodeShared {
         }
         factory.table.remove(group);
         handle.stop().await;
+        // Its applies have stopped: the group's watch ring goes with it.
+        factory.watches().forget(group);
         ::metrics::counter!(m::REPLICAS_DROPPED_TOTAL).increment(1);
         info!(group, "dropped this node's replica of the group");
         Ok(true)

@@ -167,8 +167,8 @@ pub const STATE_LEASE_RECORDS: &str = "tenure_state_lease_records";
 pub const STATE_DEDUP_RECORDS: &str = "tenure_state_dedup_records";
 /// Snapshots this node built (a build with nothing new to write is not counted).
 pub const SNAPSHOT_BUILDS_TOTAL: &str = "tenure_snapshot_builds_total";
-/// Seconds those builds took, from the freeze to the durable pointer (a gauge holding a
-/// cumulative value, like `FSYNC_SECONDS_TOTAL`).
+/// Seconds those builds took, from taking the group's snapshot exclusion (after the freeze) to
+/// the durable pointer (a gauge holding a cumulative value, like `FSYNC_SECONDS_TOTAL`).
 pub const SNAPSHOT_BUILD_SECONDS_TOTAL: &str = "tenure_snapshot_build_seconds_total";
 /// The longest build since the node started, in seconds.
 pub const SNAPSHOT_BUILD_SECONDS_MAX: &str = "tenure_snapshot_build_seconds_max";
@@ -177,7 +177,8 @@ pub const SNAPSHOT_BYTES_MAX: &str = "tenure_snapshot_bytes_max";
 /// Bytes of every snapshot built since start.
 pub const SNAPSHOT_WRITTEN_BYTES_TOTAL: &str = "tenure_snapshot_written_bytes_total";
 /// The longest time one build's freeze stopped a group's apply since the node started, in seconds,
-/// wall time (the freeze runs on the apply task between two entries). Issue 25's bound is 10 ms.
+/// wall time from asking for the state lock to releasing it (the freeze runs on the apply task
+/// between two entries). Issue 25's bound is 10 ms.
 /// The chunk copies the first entries after a freeze make inside their own apply are in
 /// `SNAPSHOT_SHARED_APPLY_SECONDS_MAX`.
 pub const SNAPSHOT_APPLY_PAUSE_SECONDS_MAX: &str = "tenure_snapshot_apply_pause_seconds_max";

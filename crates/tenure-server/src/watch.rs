@@ -75,8 +75,7 @@ impl Ring {
         Ring {
             covered_from: 0,
             applied_through: 0,
-            // Reserved, not touched: pages are written as events arrive.
-            events: VecDeque::with_capacity(EVENTS_RETAINED_PER_GROUP),
+            events: VecDeque::new(),
             notify: watch::Sender::new(0),
         }
     }
@@ -148,10 +147,15 @@ impl WatchHub {
             ::metrics::counter!(m::WATCH_EVENTS_TOTAL).increment(events.len() as u64);
             // Room first, then the new events: the ring never holds more than its bound (but
             // for one entry larger than the ring, kept whole; its size is bounded by the entry's
-            // own bounds), so its buffer, allocated at the bound, never grows. Growing it by
-            // doubling copied it whole, once a ring at a time as each filled up: on a node just
-            // restarted, an expiry storm's first second grew all 64 at once (a profile of the
-            // scale run's storm: a third of the nodes' extra CPU in zeroing and copying).
+            // own bounds), so its buffer, allocated at the bound with the group's first event,
+            // does not grow. Growing it by doubling (to 8,192 once full, when it extended before
+            // trimming) copied it whole, a ring at a time as each filled up: on a node just
+            // restarted, an expiry storm's first second grew all 64 at once (the scale run's
+            // storm profile, `bench/results/2026-12-07/storm-watch-ring/`). A group that never
+            // has an event allocates nothing.
+            if ring.events.capacity() == 0 {
+                ring.events.reserve_exact(EVENTS_RETAINED_PER_GROUP);
+            }
             while !ring.events.is_empty()
                 && ring.events.len() + events.len() > EVENTS_RETAINED_PER_GROUP
             {
@@ -171,6 +175,12 @@ impl WatchHub {
             ring.events.extend(events);
         }
         ring.notify.send_replace(index);
+    }
+
+    /// Drops `group`'s ring (its replica left this node): a poll parked on it wakes and parks
+    /// again on a new, empty ring until its wait ends.
+    pub(crate) fn forget(&self, group: u32) {
+        self.rings.remove(&group);
     }
 
     /// Looks once: the selected events after `after_index` (at most `events_max`, whole
@@ -414,42 +424,52 @@ mod tests {
         assert_eq!(tokens(&found), vec![3]);
     }
 
-    /// The ring's buffer is allocated once, at its bound, and never grows: room is made before
-    /// an entry's events go in. Only an entry larger than the ring (kept whole) grows it.
-    #[tokio::test]
-    async fn a_full_ring_makes_room_first_and_never_grows_its_buffer() {
-        let hub = WatchHub::new();
-        feed(&hub, 1, "a");
-        let capacity = hub.rings.get(&1).unwrap().events.capacity();
-        assert!(capacity >= EVENTS_RETAINED_PER_GROUP);
-        // Entries of three events each, well past the bound.
-        let batch = |index: u64| {
-            let (entry, one) = acquire("a", index);
-            let mut output = one.clone();
-            let reclaimed = |n: u64| tenure_core::ReclaimedLease {
+    /// One entry applying `acquire(resource, index)` that also reclaimed `reclaimed` leases: one
+    /// ACQUIRED and `reclaimed` EXPIRED events.
+    fn entry_with_reclaims(index: u64, reclaimed: u64) -> (Entry, ApplyOutput) {
+        let (entry, mut output) = acquire("a", index);
+        output.reclaimed = (0..reclaimed)
+            .map(|n| tenure_core::ReclaimedLease {
                 tenant_id: "t".into(),
-                resource_id: format!("x{n}").into(),
+                resource_id: format!("x{index}-{n}").into(),
                 lease_id: LeaseId {
                     group_id: GroupId(1),
-                    sequence: n,
+                    sequence: index * 10_000 + n,
                 },
                 fencing_token: n,
                 expires_at_ms: 50,
                 session_id: None,
-            };
-            output.reclaimed = vec![reclaimed(index * 10), reclaimed(index * 10 + 1)];
-            (entry, output)
-        };
+            })
+            .collect();
+        (entry, output)
+    }
+
+    /// The ring's buffer is allocated with the group's first event, at its bound, and never
+    /// grows: room is made before an entry's events go in. Only an entry larger than the ring
+    /// (kept whole) grows it. A ring with no event allocates nothing, and a forgotten ring is
+    /// gone.
+    #[tokio::test]
+    async fn a_full_ring_makes_room_first_and_never_grows_its_buffer() {
+        let hub = WatchHub::new();
+        hub.observe(1, 1, None);
+        assert_eq!(hub.rings.get(&1).unwrap().events.capacity(), 0);
+        feed(&hub, 2, "a");
+        let capacity = hub.rings.get(&1).unwrap().events.capacity();
+        assert!(capacity >= EVENTS_RETAINED_PER_GROUP);
+        // Entries of three events each, well past the bound.
         let last = EVENTS_RETAINED_PER_GROUP as u64;
-        for index in 2..=last {
-            let (entry, output) = batch(index);
+        for index in 3..=last {
+            let (entry, output) = entry_with_reclaims(index, 2);
             hub.observe(1, index, Some((&entry, &output)));
             let ring = hub.rings.get(&1).unwrap();
             assert!(ring.events.len() <= EVENTS_RETAINED_PER_GROUP);
             assert_eq!(ring.events.capacity(), capacity, "grew at index {index}");
+            let front = ring.events.front().map_or(0, |event| event.index);
+            assert!(front >= ring.covered_from);
+            let front_events = ring.events.iter().filter(|e| e.index == front).count();
             assert_eq!(
-                ring.events.front().map(|event| event.index),
-                Some(ring.covered_from),
+                front_events,
+                if front == 2 { 1 } else { 3 },
                 "whole entries only"
             );
         }
@@ -459,6 +479,44 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(tokens(&found).len(), 3, "the newest entry's three events");
+
+        // An entry larger than the ring is kept whole, alone; the next entry replaces it.
+        let big = EVENTS_RETAINED_PER_GROUP as u64 + 10;
+        let (entry, output) = entry_with_reclaims(last + 1, big);
+        hub.observe(1, last + 1, Some((&entry, &output)));
+        {
+            let ring = hub.rings.get(&1).unwrap();
+            assert_eq!(ring.events.len() as u64, big + 1);
+            assert_eq!(ring.covered_from, last + 1);
+        }
+        assert_eq!(
+            hub.poll(1, &all, last - 1, 10, Duration::ZERO)
+                .await
+                .unwrap(),
+            Found::Resync {
+                through_index: last + 1
+            }
+        );
+        feed(&hub, last + 2, "a");
+        {
+            let ring = hub.rings.get(&1).unwrap();
+            assert_eq!(ring.events.len(), 1);
+            assert_eq!(ring.covered_from, last + 2);
+        }
+
+        hub.forget(1);
+        assert!(hub.rings.get(&1).is_none());
+    }
+
+    /// A ring's buffer is at most `EVENTS_RETAINED_PER_GROUP` of these (the memory every group
+    /// with an event holds on every node hosting it; ARCHITECTURE's `watch` row quotes it).
+    #[test]
+    fn a_watch_event_is_at_most_176_bytes() {
+        assert!(
+            std::mem::size_of::<WatchEvent>() <= 176,
+            "{} bytes",
+            std::mem::size_of::<WatchEvent>()
+        );
     }
 
     #[tokio::test]
