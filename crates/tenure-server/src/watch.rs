@@ -148,18 +148,15 @@ impl WatchHub {
             // Room first, then the new events: the ring never holds more than its bound (but
             // for one entry larger than the ring, kept whole; its size is bounded by the entry's
             // own bounds), so its buffer, allocated at the bound with the group's first event,
-            // does not grow. Growing it by doubling (to 8,192 once full, when it extended before
-            // trimming) copied it whole, a ring at a time as each filled up: on a node just
-            // restarted, an expiry storm's first second grew all 64 at once (the scale run's
-            // storm profile, `bench/results/2026-12-07/storm-watch-ring/`). A group that never
-            // has an event allocates nothing.
+            // does not grow. Growing by doubling copied a ring whole as it filled: a node just
+            // restarted grew all 64 in an expiry storm's first second
+            // (`bench/results/2026-12-07/storm-watch-ring/`).
             if ring.events.capacity() == 0 {
                 ring.events.reserve_exact(EVENTS_RETAINED_PER_GROUP);
             }
-            while !ring.events.is_empty()
-                && ring.events.len() + events.len() > EVENTS_RETAINED_PER_GROUP
-            {
+            while ring.events.len() + events.len() > EVENTS_RETAINED_PER_GROUP {
                 // Whole entries leave: the oldest entry's every event, and with it its index.
+                // An empty ring leaves the loop here: the entry alone is larger than the ring.
                 let Some(oldest) = ring.events.front().map(|event| event.index) else {
                     break;
                 };
@@ -424,8 +421,8 @@ mod tests {
         assert_eq!(tokens(&found), vec![3]);
     }
 
-    /// One entry applying `acquire(resource, index)` that also reclaimed `reclaimed` leases: one
-    /// ACQUIRED and `reclaimed` EXPIRED events.
+    /// One entry at `index` applying an acquire of "a" that also reclaimed `reclaimed` leases:
+    /// one ACQUIRED and `reclaimed` EXPIRED events.
     fn entry_with_reclaims(index: u64, reclaimed: u64) -> (Entry, ApplyOutput) {
         let (entry, mut output) = acquire("a", index);
         output.reclaimed = (0..reclaimed)

@@ -264,15 +264,14 @@ impl GroupStateMachine {
             // Nothing newer than the current snapshot: the build answers with it.
             None
         } else {
-            let meta = SnapshotMetaOf::<TenureRaft> {
-                last_log_id: state.last_applied,
-                last_membership: state.membership.clone(),
-            };
-            Some((
-                meta,
-                state.leases.freeze(),
-                FrozenCopyAlive::new(&self.frozen_copies),
-            ))
+            Some(FrozenForBuild {
+                meta: SnapshotMetaOf::<TenureRaft> {
+                    last_log_id: state.last_applied,
+                    last_membership: state.membership.clone(),
+                },
+                leases: state.leases.freeze(),
+                alive: FrozenCopyAlive::new(&self.frozen_copies),
+            })
         };
         drop(state);
         if frozen.is_some() {
@@ -284,11 +283,7 @@ impl GroupStateMachine {
         }
         GroupSnapshotBuilder {
             machine: self.clone(),
-            frozen: frozen.map(|(meta, leases, alive)| FrozenForBuild {
-                meta,
-                leases,
-                alive,
-            }),
+            frozen,
         }
     }
 
@@ -316,13 +311,10 @@ impl GroupStateMachine {
         };
         let build_started = Instant::now();
         let current = lock(&self.state).current.clone();
-        let current_answers = |current: &SnapshotPointer| {
-            frozen
+        if let Some(current) = current
+            && frozen
                 .as_ref()
                 .is_none_or(|frozen| current.meta.last_log_id >= frozen.meta.last_log_id)
-        };
-        if let Some(current) = current
-            && current_answers(&current)
         {
             let file = File::open(dir.join(&current.file)).map_err(io_error("open snapshot"))?;
             return Ok((current, file));
@@ -496,10 +488,14 @@ fn thread_cpu_time() -> Duration {
     )
 }
 
+/// Whole microseconds of `d` (saturating), as the storage statistics count time.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Counts a finished build in the node's storage statistics (its freeze is counted by
 /// [`record_freeze`]).
 fn record_build(stats: &StorageStats, took: Duration, bytes: u64) {
-    let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     stats.snapshot_builds.fetch_add(1, Ordering::Relaxed);
     stats
         .snapshot_build_micros
@@ -514,7 +510,6 @@ fn record_build(stats: &StorageStats, took: Duration, bytes: u64) {
 /// Counts a freeze for a build: how long it stopped the group's apply, in wall time and the
 /// applying thread's CPU time (which also counts interrupts handled on that thread).
 fn record_freeze(stats: &StorageStats, pause: Duration, pause_cpu: Duration) {
-    let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     stats
         .snapshot_pause_cpu_micros_max
         .fetch_max(micros(pause_cpu), Ordering::Relaxed);
@@ -530,17 +525,15 @@ fn record_freeze(stats: &StorageStats, pause: Duration, pause_cpu: Duration) {
 
 /// Counts an entry applied while a frozen copy of its group was alive (wall and CPU time).
 fn record_shared_apply(stats: &StorageStats, took: Duration, took_cpu: Duration) {
-    let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-    stats.snapshot_shared_apply_cpu_micros_max.fetch_max(
-        u64::try_from(took_cpu.as_micros()).unwrap_or(u64::MAX),
-        Ordering::Relaxed,
-    );
+    stats
+        .snapshot_shared_apply_cpu_micros_max
+        .fetch_max(micros(took_cpu), Ordering::Relaxed);
     stats
         .snapshot_shared_applies
         .fetch_add(1, Ordering::Relaxed);
     stats
         .snapshot_shared_apply_micros_max
-        .fetch_max(micros, Ordering::Relaxed);
+        .fetch_max(micros(took), Ordering::Relaxed);
     if took > SNAPSHOT_PAUSE_BUDGET {
         stats
             .snapshot_shared_applies_over_10ms
