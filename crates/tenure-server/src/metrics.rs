@@ -199,6 +199,21 @@ pub const SNAPSHOT_SHARED_APPLY_CPU_SECONDS_MAX: &str =
 /// Entries applied while a frozen copy was alive that took more than 10 ms.
 pub const SNAPSHOT_SHARED_APPLIES_OVER_10MS_TOTAL: &str =
     "tenure_snapshot_shared_applies_over_10ms_total";
+/// The longest freeze pause less the applying thread's wait for a core in it (Linux's
+/// `/proc/thread-self/schedstat`; the whole wall time where the kernel does not say), in seconds:
+/// the freeze's own work and any wait for the state lock, without the machine's scheduling.
+pub const SNAPSHOT_APPLY_PAUSE_LESS_CORE_WAIT_SECONDS_MAX: &str =
+    "tenure_snapshot_apply_pause_less_core_wait_seconds_max";
+/// Freezes whose pause less the applying thread's wait for a core was over 10 ms.
+pub const SNAPSHOT_APPLY_PAUSES_LESS_CORE_WAIT_OVER_10MS_TOTAL: &str =
+    "tenure_snapshot_apply_pauses_less_core_wait_over_10ms_total";
+/// The longest apply of one entry beside a frozen copy less the thread's wait for a core in it,
+/// in seconds.
+pub const SNAPSHOT_SHARED_APPLY_LESS_CORE_WAIT_SECONDS_MAX: &str =
+    "tenure_snapshot_shared_apply_less_core_wait_seconds_max";
+/// Entries applied beside a frozen copy whose apply less the wait for a core was over 10 ms.
+pub const SNAPSHOT_SHARED_APPLIES_LESS_CORE_WAIT_OVER_10MS_TOTAL: &str =
+    "tenure_snapshot_shared_applies_less_core_wait_over_10ms_total";
 
 /// Every counter the node exports (registered at zero at start, so dashboards and alerts see
 /// them before the first event).
@@ -236,6 +251,8 @@ pub const COUNTERS: &[&str] = &[
     SNAPSHOT_WRITTEN_BYTES_TOTAL,
     SNAPSHOT_APPLY_PAUSES_OVER_10MS_TOTAL,
     SNAPSHOT_SHARED_APPLIES_OVER_10MS_TOTAL,
+    SNAPSHOT_APPLY_PAUSES_LESS_CORE_WAIT_OVER_10MS_TOTAL,
+    SNAPSHOT_SHARED_APPLIES_LESS_CORE_WAIT_OVER_10MS_TOTAL,
 ];
 
 /// Every gauge the node exports (registered at zero at start).
@@ -271,6 +288,8 @@ pub const GAUGES: &[&str] = &[
     SNAPSHOT_SHARED_APPLY_SECONDS_MAX,
     SNAPSHOT_APPLY_PAUSE_CPU_SECONDS_MAX,
     SNAPSHOT_SHARED_APPLY_CPU_SECONDS_MAX,
+    SNAPSHOT_APPLY_PAUSE_LESS_CORE_WAIT_SECONDS_MAX,
+    SNAPSHOT_SHARED_APPLY_LESS_CORE_WAIT_SECONDS_MAX,
 ];
 
 /// Every histogram the node exports (they appear after their first observation).

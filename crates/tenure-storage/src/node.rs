@@ -126,6 +126,12 @@ pub struct StorageStats {
     /// The most CPU time the applying thread spent in one build's freeze, in microseconds
     /// (beside the wall time above: the difference is the thread waiting for a core or the lock).
     pub snapshot_pause_cpu_micros_max: AtomicU64,
+    /// The longest freeze pause less the applying thread's wait for a core in it (Linux's
+    /// `/proc/thread-self/schedstat`; the whole wall time where the kernel does not say), in
+    /// microseconds: the freeze's work and any wait for the state lock.
+    pub snapshot_pause_less_core_wait_micros_max: AtomicU64,
+    /// Freezes whose pause less the wait for a core was over 10 ms.
+    pub snapshot_pauses_less_core_wait_over_10ms: AtomicU64,
     /// The most CPU time one entry's apply took while a frozen copy was alive, in microseconds.
     pub snapshot_shared_apply_cpu_micros_max: AtomicU64,
     /// The longest apply of one entry while a frozen copy of its group was alive (the chunk
@@ -133,6 +139,11 @@ pub struct StorageStats {
     pub snapshot_shared_apply_micros_max: AtomicU64,
     /// Entries applied while a frozen copy was alive that took more than 10 ms.
     pub snapshot_shared_applies_over_10ms: AtomicU64,
+    /// The longest apply of one entry beside a frozen copy less the thread's wait for a core in
+    /// it, in microseconds.
+    pub snapshot_shared_apply_less_core_wait_micros_max: AtomicU64,
+    /// Entries applied beside a frozen copy whose apply less the wait for a core was over 10 ms.
+    pub snapshot_shared_applies_less_core_wait_over_10ms: AtomicU64,
     /// Entries applied while a frozen copy of their group was alive.
     pub snapshot_shared_applies: AtomicU64,
 }
@@ -166,6 +177,10 @@ pub struct StatsSnapshot {
     pub snapshot_pauses_over_10ms: u64,
     /// The most CPU time the applying thread spent in one build's freeze, in microseconds.
     pub snapshot_pause_cpu_micros_max: u64,
+    /// The longest freeze pause less the applying thread's wait for a core, in microseconds.
+    pub snapshot_pause_less_core_wait_micros_max: u64,
+    /// Freezes whose pause less the wait for a core was over 10 ms.
+    pub snapshot_pauses_less_core_wait_over_10ms: u64,
     /// The most CPU time one entry's apply took while a frozen copy was alive, in microseconds.
     pub snapshot_shared_apply_cpu_micros_max: u64,
     /// The longest apply of one entry while a frozen copy of its group was alive, in
@@ -173,6 +188,11 @@ pub struct StatsSnapshot {
     pub snapshot_shared_apply_micros_max: u64,
     /// Entries applied while a frozen copy was alive that took more than 10 ms.
     pub snapshot_shared_applies_over_10ms: u64,
+    /// The longest apply of one entry beside a frozen copy less the wait for a core, in
+    /// microseconds.
+    pub snapshot_shared_apply_less_core_wait_micros_max: u64,
+    /// Entries applied beside a frozen copy whose apply less the wait for a core was over 10 ms.
+    pub snapshot_shared_applies_less_core_wait_over_10ms: u64,
     /// Entries applied while a frozen copy of their group was alive.
     pub snapshot_shared_applies: u64,
 }
@@ -707,6 +727,18 @@ impl NodeStorage {
                 .snapshot_shared_applies_over_10ms
                 .load(Ordering::Relaxed),
             snapshot_shared_applies: stats.snapshot_shared_applies.load(Ordering::Relaxed),
+            snapshot_pause_less_core_wait_micros_max: stats
+                .snapshot_pause_less_core_wait_micros_max
+                .load(Ordering::Relaxed),
+            snapshot_pauses_less_core_wait_over_10ms: stats
+                .snapshot_pauses_less_core_wait_over_10ms
+                .load(Ordering::Relaxed),
+            snapshot_shared_apply_less_core_wait_micros_max: stats
+                .snapshot_shared_apply_less_core_wait_micros_max
+                .load(Ordering::Relaxed),
+            snapshot_shared_applies_less_core_wait_over_10ms: stats
+                .snapshot_shared_applies_less_core_wait_over_10ms
+                .load(Ordering::Relaxed),
         }
     }
 

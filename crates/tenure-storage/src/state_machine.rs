@@ -255,8 +255,7 @@ impl GroupStateMachine {
     /// lock for it. The time from asking for the lock to releasing it is recorded as the build's
     /// apply pause, in wall and thread CPU time, whatever the build then does.
     fn freeze_for_build(&self) -> GroupSnapshotBuilder {
-        let started = Instant::now();
-        let started_cpu = thread_cpu_time();
+        let clocks = PauseClocks::start();
         let state = lock(&self.state);
         let frozen = if let Some(current) = &state.current
             && current.meta.last_log_id >= state.last_applied
@@ -275,11 +274,7 @@ impl GroupStateMachine {
         };
         drop(state);
         if frozen.is_some() {
-            record_freeze(
-                &self.shared.inner.stats,
-                started.elapsed(),
-                thread_cpu_time().saturating_sub(started_cpu),
-            );
+            record_freeze(&self.shared.inner.stats, clocks.stop());
         }
         GroupSnapshotBuilder {
             machine: self.clone(),
@@ -488,6 +483,96 @@ fn thread_cpu_time() -> Duration {
     )
 }
 
+/// The time the calling thread has spent runnable but waiting for a core so far (the second
+/// field of Linux's `/proc/thread-self/schedstat`, nanoseconds), or `None` where the kernel does
+/// not say. The file stays open per thread (each read regenerates it), so a reading is one
+/// `pread`.
+fn thread_core_wait() -> Option<Duration> {
+    use std::os::unix::fs::FileExt;
+    thread_local! {
+        static SCHEDSTAT: Option<File> = File::open("/proc/thread-self/schedstat").ok();
+    }
+    SCHEDSTAT.with(|file| {
+        let mut buffer = [0u8; 128];
+        let read = file.as_ref()?.read_at(&mut buffer, 0).ok()?;
+        parse_schedstat_core_wait(std::str::from_utf8(buffer.get(..read)?).ok()?)
+    })
+}
+
+/// The run-queue wait of a `schedstat` line: `<on-cpu ns> <run-queue wait ns> <timeslices>`.
+fn parse_schedstat_core_wait(text: &str) -> Option<Duration> {
+    let waited_ns = text.split_ascii_whitespace().nth(1)?.parse::<u64>().ok()?;
+    Some(Duration::from_nanos(waited_ns))
+}
+
+/// Where the applying thread's clocks stood when a pause began: wall, its CPU time and its wait
+/// for a core, so a pause can be told apart from the machine's scheduling.
+///
+/// The CPU clock and the schedstat file are system calls, and a thread whose time slice has run
+/// out is preempted on the way back from one. Read inside the timed window, they put a
+/// preemption point there: the freeze (a pointer per chunk) was timed at 11-21 ms of wall time
+/// that way at 1M leases, and at 1.5-5.3 ms with the system calls outside it (README, "Snapshot
+/// pauses"). So the wall time is read (vDSO, no system call) right after them at the start and
+/// right before them at the stop. The wait for a core read at the start includes a preemption at
+/// those readings, so it is taken off a second wall time that begins before them (`outer`).
+struct PauseClocks {
+    outer: Instant,
+    core_wait: Option<Duration>,
+    cpu: Duration,
+    wall: Instant,
+}
+
+/// How long a pause took: wall time, the thread's CPU time in it, and the thread's wait for a
+/// core from just before the pause's start (zero where the kernel does not say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PauseTimes {
+    /// From the start to the stop, the clocks' own readings excluded.
+    wall: Duration,
+    cpu: Duration,
+    core_wait: Duration,
+    /// `wall` plus the readings of the clocks at the start, the span `core_wait` was taken over.
+    outer_wall: Duration,
+}
+
+impl PauseTimes {
+    /// The pause without the wait for a core: what the snapshot itself cost apply (the work,
+    /// and any wait for the lock), whatever else the machine's cores were busy with.
+    fn less_core_wait(&self) -> Duration {
+        self.outer_wall.saturating_sub(self.core_wait)
+    }
+}
+
+impl PauseClocks {
+    fn start() -> Self {
+        // Fields are evaluated in the order written.
+        PauseClocks {
+            outer: Instant::now(),
+            core_wait: thread_core_wait(),
+            cpu: thread_cpu_time(),
+            wall: Instant::now(),
+        }
+    }
+
+    /// The pause from the start to now (call on the same thread).
+    fn stop(&self) -> PauseTimes {
+        let now = Instant::now();
+        let wall = now.saturating_duration_since(self.wall);
+        let outer_wall = now.saturating_duration_since(self.outer);
+        // A preemption on the way back from these readings lands after `now`: in neither.
+        let core_wait = match (self.core_wait, thread_core_wait()) {
+            (Some(before), Some(after)) => after.saturating_sub(before).min(outer_wall),
+            _ => Duration::ZERO,
+        };
+        let cpu = thread_cpu_time().saturating_sub(self.cpu);
+        PauseTimes {
+            wall,
+            cpu,
+            core_wait,
+            outer_wall,
+        }
+    }
+}
+
 /// Whole microseconds of `d` (saturating), as the storage statistics count time.
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
@@ -507,36 +592,54 @@ fn record_build(stats: &StorageStats, took: Duration, bytes: u64) {
     stats.snapshot_bytes_max.fetch_max(bytes, Ordering::Relaxed);
 }
 
-/// Counts a freeze for a build: how long it stopped the group's apply, in wall time and the
-/// applying thread's CPU time (which also counts interrupts handled on that thread).
-fn record_freeze(stats: &StorageStats, pause: Duration, pause_cpu: Duration) {
+/// Counts a freeze for a build: how long it stopped the group's apply, in wall time, the
+/// applying thread's CPU time (which also counts interrupts handled on that thread) and the wall
+/// time less the thread's wait for a core.
+fn record_freeze(stats: &StorageStats, pause: PauseTimes) {
     stats
         .snapshot_pause_cpu_micros_max
-        .fetch_max(micros(pause_cpu), Ordering::Relaxed);
+        .fetch_max(micros(pause.cpu), Ordering::Relaxed);
     stats
         .snapshot_pause_micros_max
-        .fetch_max(micros(pause), Ordering::Relaxed);
-    if pause > SNAPSHOT_PAUSE_BUDGET {
+        .fetch_max(micros(pause.wall), Ordering::Relaxed);
+    stats
+        .snapshot_pause_less_core_wait_micros_max
+        .fetch_max(micros(pause.less_core_wait()), Ordering::Relaxed);
+    if pause.wall > SNAPSHOT_PAUSE_BUDGET {
         stats
             .snapshot_pauses_over_10ms
             .fetch_add(1, Ordering::Relaxed);
     }
+    if pause.less_core_wait() > SNAPSHOT_PAUSE_BUDGET {
+        stats
+            .snapshot_pauses_less_core_wait_over_10ms
+            .fetch_add(1, Ordering::Relaxed);
+    }
 }
 
-/// Counts an entry applied while a frozen copy of its group was alive (wall and CPU time).
-fn record_shared_apply(stats: &StorageStats, took: Duration, took_cpu: Duration) {
+/// Counts an entry applied while a frozen copy of its group was alive (wall time, CPU time, and
+/// wall time less the thread's wait for a core).
+fn record_shared_apply(stats: &StorageStats, took: PauseTimes) {
     stats
         .snapshot_shared_apply_cpu_micros_max
-        .fetch_max(micros(took_cpu), Ordering::Relaxed);
+        .fetch_max(micros(took.cpu), Ordering::Relaxed);
     stats
         .snapshot_shared_applies
         .fetch_add(1, Ordering::Relaxed);
     stats
         .snapshot_shared_apply_micros_max
-        .fetch_max(micros(took), Ordering::Relaxed);
-    if took > SNAPSHOT_PAUSE_BUDGET {
+        .fetch_max(micros(took.wall), Ordering::Relaxed);
+    stats
+        .snapshot_shared_apply_less_core_wait_micros_max
+        .fetch_max(micros(took.less_core_wait()), Ordering::Relaxed);
+    if took.wall > SNAPSHOT_PAUSE_BUDGET {
         stats
             .snapshot_shared_applies_over_10ms
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    if took.less_core_wait() > SNAPSHOT_PAUSE_BUDGET {
+        stats
+            .snapshot_shared_applies_less_core_wait_over_10ms
             .fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -760,15 +863,11 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
                     EntryPayload::Blank => None,
                     EntryPayload::Normal(proposal) => {
                         // Timed only while a frozen copy is alive (its chunk copies land here).
-                        let started = (self.frozen_copies.load(Ordering::Acquire) > 0)
-                            .then(|| (Instant::now(), thread_cpu_time()));
+                        let clocks = (self.frozen_copies.load(Ordering::Acquire) > 0)
+                            .then(PauseClocks::start);
                         let output = state.leases.apply(proposal);
-                        if let Some((started, started_cpu)) = started {
-                            record_shared_apply(
-                                &self.shared.inner.stats,
-                                started.elapsed(),
-                                thread_cpu_time().saturating_sub(started_cpu),
-                            );
+                        if let Some(clocks) = clocks {
+                            record_shared_apply(&self.shared.inner.stats, clocks.stop());
                         }
                         Some(output)
                     }
@@ -1180,6 +1279,40 @@ mod tests {
         let machine = node.state_machine(GROUP, StateOptions::default()).unwrap();
         assert_eq!(machine.last_applied().map(|id| id.index()), Some(3));
         assert_eq!(snapshot_files(dir.path()), current);
+    }
+
+    #[test]
+    fn a_schedstat_line_gives_its_run_queue_wait() {
+        assert_eq!(
+            parse_schedstat_core_wait("75061 71877 1\n"),
+            Some(Duration::from_nanos(71_877))
+        );
+        assert_eq!(
+            parse_schedstat_core_wait("18446744073709551615 5000000000 9"),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(parse_schedstat_core_wait("75061"), None);
+        assert_eq!(parse_schedstat_core_wait("75061 -3 1"), None);
+        assert_eq!(parse_schedstat_core_wait(""), None);
+    }
+
+    #[test]
+    fn a_pause_is_timed_within_the_span_its_wait_for_a_core_is_taken_over() {
+        let clocks = PauseClocks::start();
+        let spin_until = Instant::now() + Duration::from_millis(20);
+        while Instant::now() < spin_until {
+            std::hint::spin_loop();
+        }
+        let pause = clocks.stop();
+        assert!(pause.wall >= Duration::from_millis(20), "{pause:?}");
+        assert!(pause.wall <= pause.outer_wall, "{pause:?}");
+        assert!(pause.core_wait <= pause.outer_wall, "{pause:?}");
+        assert_eq!(pause.less_core_wait(), pause.outer_wall - pause.core_wait);
+        // Where the kernel reports run-queue waits, a reading is there and never goes back.
+        if let Some(before) = thread_core_wait() {
+            let after = thread_core_wait().expect("a second schedstat reading");
+            assert!(after >= before);
+        }
     }
 
     fn lock_rx<T>(rx: &Mutex<mpsc::Receiver<T>>) -> MutexGuard<'_, mpsc::Receiver<T>> {

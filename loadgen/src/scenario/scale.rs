@@ -1133,6 +1133,15 @@ pub async fn run_scale(
     let shared_applies_over = snapshots["shared_applies_over_10ms"].as_f64();
     let pause_cpu_max = snapshots["apply_pause_cpu_seconds_max"].as_f64();
     let shared_apply_cpu_max = snapshots["shared_apply_cpu_seconds_max"].as_f64();
+    let pause_less_wait_max = snapshots["apply_pause_less_core_wait_seconds_max"].as_f64();
+    let pauses_less_wait_over = snapshots["apply_pauses_less_core_wait_over_10ms"].as_f64();
+    let shared_less_wait_max = snapshots["shared_apply_less_core_wait_seconds_max"].as_f64();
+    let shared_less_wait_over = snapshots["shared_applies_less_core_wait_over_10ms"].as_f64();
+    // A longest time and a count over 10 ms, or "-" when the nodes do not export them.
+    let longest_and_over = |max_s: Option<f64>, over: Option<f64>| match max_s {
+        Some(max_s) => format!("{:.1} ms; {}", max_s * 1000.0, count(over)),
+        None => "-".to_owned(),
+    };
     // Wall time, with the thread's CPU time beside it when the nodes export it.
     let wall_and_cpu = |wall_s: Option<f64>, cpu_s: Option<f64>| {
         let ms = |s: f64| format!("{:.1} ms", s * 1000.0);
@@ -1308,6 +1317,22 @@ pub async fn run_scale(
             shared_apply_max
                 .zip(shared_applies_over)
                 .map(|(max_s, over)| max_s <= APPLY_PAUSE_TARGET_S && over < 0.5),
+        ),
+        // Not judged (the bound is on wall time): the two above less the applying thread's
+        // wait for a core, which tells the snapshot's own cost from the machine's scheduling.
+        figure(
+            "6",
+            "  the freeze's pause less the thread's wait for a core: longest; over 10 ms",
+            longest_and_over(pause_less_wait_max, pauses_less_wait_over),
+            "-",
+            None,
+        ),
+        figure(
+            "6",
+            "  an apply beside a frozen copy less the wait for a core: longest; over 10 ms",
+            longest_and_over(shared_less_wait_max, shared_less_wait_over),
+            "-",
+            None,
         ),
         figure(
             "7",

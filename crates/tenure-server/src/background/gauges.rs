@@ -113,6 +113,14 @@ pub(crate) async fn run_gauges(shared: Arc<NodeShared>) {
             .set(storage.snapshot_shared_apply_cpu_micros_max as f64 / 1e6);
         ::metrics::counter!(m::SNAPSHOT_SHARED_APPLIES_OVER_10MS_TOTAL)
             .absolute(storage.snapshot_shared_applies_over_10ms);
+        ::metrics::gauge!(m::SNAPSHOT_APPLY_PAUSE_LESS_CORE_WAIT_SECONDS_MAX)
+            .set(storage.snapshot_pause_less_core_wait_micros_max as f64 / 1e6);
+        ::metrics::counter!(m::SNAPSHOT_APPLY_PAUSES_LESS_CORE_WAIT_OVER_10MS_TOTAL)
+            .absolute(storage.snapshot_pauses_less_core_wait_over_10ms);
+        ::metrics::gauge!(m::SNAPSHOT_SHARED_APPLY_LESS_CORE_WAIT_SECONDS_MAX)
+            .set(storage.snapshot_shared_apply_less_core_wait_micros_max as f64 / 1e6);
+        ::metrics::counter!(m::SNAPSHOT_SHARED_APPLIES_LESS_CORE_WAIT_OVER_10MS_TOTAL)
+            .absolute(storage.snapshot_shared_applies_less_core_wait_over_10ms);
         ::metrics::counter!(m::FSYNCS_TOTAL).absolute(storage.fsyncs);
         ::metrics::gauge!(m::FSYNC_SECONDS_TOTAL).set(storage.fsync_micros as f64 / 1e6);
         if storage.fsyncs > 0 {

@@ -32,20 +32,24 @@ pub(super) const NODE_READY: &str = "tenure_node_ready";
 pub(super) const SESSION_LEASES_ENDED: &str = "tenure_session_leases_ended_total";
 
 /// Snapshot counters summed over the run.
-const SNAPSHOT_COUNTERS: [&str; 4] = [
+const SNAPSHOT_COUNTERS: [&str; 6] = [
     "tenure_snapshot_builds_total",
     "tenure_snapshot_build_seconds_total",
     "tenure_snapshot_apply_pauses_over_10ms_total",
     "tenure_snapshot_shared_applies_over_10ms_total",
+    "tenure_snapshot_apply_pauses_less_core_wait_over_10ms_total",
+    "tenure_snapshot_shared_applies_less_core_wait_over_10ms_total",
 ];
 /// Snapshot gauges (maxima since each node's start) whose largest value is reported.
-const SNAPSHOT_MAXIMA: [&str; 6] = [
+const SNAPSHOT_MAXIMA: [&str; 8] = [
     "tenure_snapshot_build_seconds_max",
     "tenure_snapshot_bytes_max",
     "tenure_snapshot_apply_pause_seconds_max",
     "tenure_snapshot_shared_apply_seconds_max",
     "tenure_snapshot_apply_pause_cpu_seconds_max",
     "tenure_snapshot_shared_apply_cpu_seconds_max",
+    "tenure_snapshot_apply_pause_less_core_wait_seconds_max",
+    "tenure_snapshot_shared_apply_less_core_wait_seconds_max",
 ];
 /// How long a pid list from the control is trusted.
 const PIDS_FRESH: Duration = Duration::from_secs(5);
@@ -281,6 +285,10 @@ impl Sampled {
             "shared_applies_over_10ms": get(&self.counters, "tenure_snapshot_shared_applies_over_10ms_total"),
             "apply_pause_cpu_seconds_max": get(&self.maxima, "tenure_snapshot_apply_pause_cpu_seconds_max"),
             "shared_apply_cpu_seconds_max": get(&self.maxima, "tenure_snapshot_shared_apply_cpu_seconds_max"),
+            "apply_pause_less_core_wait_seconds_max": get(&self.maxima, "tenure_snapshot_apply_pause_less_core_wait_seconds_max"),
+            "apply_pauses_less_core_wait_over_10ms": get(&self.counters, "tenure_snapshot_apply_pauses_less_core_wait_over_10ms_total"),
+            "shared_apply_less_core_wait_seconds_max": get(&self.maxima, "tenure_snapshot_shared_apply_less_core_wait_seconds_max"),
+            "shared_applies_less_core_wait_over_10ms": get(&self.counters, "tenure_snapshot_shared_applies_less_core_wait_over_10ms_total"),
             "note": "counters: their increase over the run, summed over the nodes (a restart's \
                      reset counted from zero); maxima: the largest since-start value any node \
                      showed during the run; null: no node exports the metric",
