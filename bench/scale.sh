@@ -50,6 +50,9 @@ SNAPSHOT_EVERY_ENTRIES=${SNAPSHOT_EVERY_ENTRIES:-200}
 # --expire-paced-leases-per-s`, `timing.expire_paced_leases_per_s`); empty = the nodes' default
 # (2,500), 0 = no pacing (the storm reclaimed as fast as the command rate allows).
 EXPIRE_PACED_LEASES_PER_S=${EXPIRE_PACED_LEASES_PER_S:-}
+# Expire commands a group proposes per second at most (`tenure dev --expire-commands-per-s-max`,
+# `timing.expire_commands_per_s_max`); empty = the nodes' default (20).
+EXPIRE_COMMANDS_PER_S_MAX=${EXPIRE_COMMANDS_PER_S_MAX:-}
 # Worst-case heap bytes of a lease record plus a request-id record, and of a tenant's entry
 # (tenure_core::LEASE_RECORD_BYTES_WORST + DEDUP_RECORD_BYTES_WORST, TENANT_BYTES_WORST), and
 # the tenants per group the budget then reserves (GROUP_TENANTS_MAX_DEFAULT).
@@ -71,7 +74,8 @@ bench_setup scale
 
 pacing=()
 [ -n "$EXPIRE_PACED_LEASES_PER_S" ] && pacing=(--expire-paced-leases-per-s "$EXPIRE_PACED_LEASES_PER_S")
-echo "scale: $LEASES leases, $GROUP_COUNT groups, budget $NODE_MEMORY_BUDGET_BYTES bytes per node, snapshot every $SNAPSHOT_EVERY_ENTRIES entries, expiry pacing ${EXPIRE_PACED_LEASES_PER_S:-default} leases/s per group, foreground $FOREGROUND_RATE ops/s"
+[ -n "$EXPIRE_COMMANDS_PER_S_MAX" ] && pacing+=(--expire-commands-per-s-max "$EXPIRE_COMMANDS_PER_S_MAX")
+echo "scale: $LEASES leases, $GROUP_COUNT groups, budget $NODE_MEMORY_BUDGET_BYTES bytes per node, snapshot every $SNAPSHOT_EVERY_ENTRIES entries, expiry pacing ${EXPIRE_PACED_LEASES_PER_S:-default} leases/s and ${EXPIRE_COMMANDS_PER_S_MAX:-default} commands/s per group, foreground $FOREGROUND_RATE ops/s"
 start_dev "$GROUP_COUNT" "$OUT/dev.log" --node-memory-budget-bytes "$NODE_MEMORY_BUDGET_BYTES" \
   --snapshot-every-entries "$SNAPSHOT_EVERY_ENTRIES" "${pacing[@]}"
 grep -h "state limits per node" "$OUT/dev.log" || true

@@ -129,6 +129,11 @@ struct DevArgs {
     /// configurations, kept by later runs [default: 2500, or the recorded value].
     #[arg(long, value_name = "LEASES")]
     expire_paced_leases_per_s: Option<u32>,
+    /// Expire commands a group proposes per second at most (`timing.expire_commands_per_s_max`);
+    /// written into the nodes' configurations, kept by later runs [default: 20, or the recorded
+    /// value].
+    #[arg(long, value_name = "COMMANDS")]
+    expire_commands_per_s_max: Option<u32>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -359,6 +364,7 @@ async fn run_dev(args: DevArgs) -> Result<(), Failure> {
         tenant_active_leases_max: args.tenant_active_leases_max,
         snapshot_every_entries: args.snapshot_every_entries,
         expire_paced_leases_per_s: args.expire_paced_leases_per_s,
+        expire_commands_per_s_max: args.expire_commands_per_s_max,
     };
     match dev::run(options).await {
         Ok(()) => Ok(()),

@@ -134,6 +134,9 @@ pub struct DevOptions {
     /// `timing.expire_paced_leases_per_s` (default 2,500, or the recorded value; 0 = no
     /// pacing). May change between runs.
     pub expire_paced_leases_per_s: Option<u32>,
+    /// Expire commands a group proposes per second at most, `timing.expire_commands_per_s_max`
+    /// (default 20, or the recorded value). May change between runs.
+    pub expire_commands_per_s_max: Option<u32>,
 }
 
 impl Default for DevOptions {
@@ -152,6 +155,7 @@ impl Default for DevOptions {
             tenant_active_leases_max: None,
             snapshot_every_entries: None,
             expire_paced_leases_per_s: None,
+            expire_commands_per_s_max: None,
         }
     }
 }
@@ -467,6 +471,7 @@ fn reuse(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
             tenant_active_leases_max = ?options.tenant_active_leases_max,
             snapshot_every_entries = ?options.snapshot_every_entries,
             expire_paced_leases_per_s = ?options.expire_paced_leases_per_s,
+            expire_commands_per_s_max = ?options.expire_commands_per_s_max,
             "changed the nodes' state limits"
         );
     }
@@ -589,6 +594,7 @@ fn apply_state_limits(config: &mut ServerConfig, options: &DevOptions) -> bool {
     let timing_before = (
         config.timing.snapshot_every_entries,
         config.timing.expire_paced_leases_per_s,
+        config.timing.expire_commands_per_s_max,
     );
     if let Some(entries) = options.snapshot_every_entries {
         config.timing.snapshot_every_entries = entries;
@@ -596,9 +602,13 @@ fn apply_state_limits(config: &mut ServerConfig, options: &DevOptions) -> bool {
     if let Some(leases_per_s) = options.expire_paced_leases_per_s {
         config.timing.expire_paced_leases_per_s = leases_per_s;
     }
+    if let Some(commands_per_s) = options.expire_commands_per_s_max {
+        config.timing.expire_commands_per_s_max = commands_per_s;
+    }
     let timing_changed = (
         config.timing.snapshot_every_entries,
         config.timing.expire_paced_leases_per_s,
+        config.timing.expire_commands_per_s_max,
     ) != timing_before;
     let limits = &mut config.limits;
     let before = (
@@ -1181,10 +1191,12 @@ mod tests {
         bigger.node_memory_budget_bytes = Some(17_500_000_000);
         bigger.tenant_active_leases_max = Some(20_000_000);
         bigger.snapshot_every_entries = Some(40);
+        bigger.expire_commands_per_s_max = Some(5);
         let changed = prepare(&bigger).unwrap();
         for node in &changed.nodes {
             let loaded = config::load(&node.config_path).unwrap();
             assert_eq!(loaded.timing.snapshot_every_entries, 40);
+            assert_eq!(loaded.timing.expire_commands_per_s_max, 5);
             assert_eq!(loaded.limits.node_memory_budget_bytes, 17_500_000_000);
             assert_eq!(loaded.limits.tenant_active_leases_max, 20_000_000);
             let plan = loaded.state_memory_plan().unwrap();
@@ -1201,6 +1213,7 @@ mod tests {
             20_000_000
         );
         assert_eq!(again.nodes[2].config.timing.snapshot_every_entries, 40);
+        assert_eq!(again.nodes[2].config.timing.expire_commands_per_s_max, 5);
 
         // Given at creation, they are written from the start.
         let mut at_creation = options(&temp.path().join("other"));
