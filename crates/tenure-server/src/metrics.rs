@@ -200,8 +200,8 @@ pub const SNAPSHOT_SHARED_APPLY_CPU_SECONDS_MAX: &str =
 pub const SNAPSHOT_SHARED_APPLIES_OVER_10MS_TOTAL: &str =
     "tenure_snapshot_shared_applies_over_10ms_total";
 /// The longest freeze pause less the applying thread's wait for a core in it (Linux's
-/// `/proc/thread-self/schedstat`; the whole wall time where the kernel does not say), in seconds:
-/// the freeze's own work and any wait for the state lock, without the machine's scheduling.
+/// `/proc/thread-self/schedstat`; stays 0 where the kernel does not say), in seconds: the
+/// freeze's own work and any wait for the state lock, without the machine's scheduling.
 pub const SNAPSHOT_APPLY_PAUSE_LESS_CORE_WAIT_SECONDS_MAX: &str =
     "tenure_snapshot_apply_pause_less_core_wait_seconds_max";
 /// Freezes whose pause less the applying thread's wait for a core was over 10 ms.

@@ -127,7 +127,7 @@ pub struct StorageStats {
     /// (beside the wall time above: the difference is the thread waiting for a core or the lock).
     pub snapshot_pause_cpu_micros_max: AtomicU64,
     /// The longest freeze pause less the applying thread's wait for a core in it (Linux's
-    /// `/proc/thread-self/schedstat`; the whole wall time where the kernel does not say), in
+    /// `/proc/thread-self/schedstat`; not recorded where the kernel does not say), in
     /// microseconds: the freeze's work and any wait for the state lock.
     pub snapshot_pause_less_core_wait_micros_max: AtomicU64,
     /// Freezes whose pause less the wait for a core was over 10 ms.

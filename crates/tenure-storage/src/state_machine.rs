@@ -16,8 +16,9 @@
 //! apply. So the build's thread takes the state lock only to read and set the current snapshot's
 //! pointer, never for the freeze: a builder thread that lost its core while holding the lock for
 //! the freeze stopped apply for tens of ms on this machine (205 ms once at 10M leases, README).
-//! Each freeze's time is recorded in the node's [`StorageStats`] (wall and CPU), with the longest
-//! and those over 10 ms (issue 25: builds used to hold the lock for the whole write, about 0.45 s
+//! Each freeze's time is recorded in the node's [`StorageStats`] (wall time, the thread's CPU
+//! time, and wall time less the thread's wait for a core: `PauseClocks`), with the longest and
+//! those over 10 ms (issue 25: builds used to hold the lock for the whole write, about 0.45 s
 //! per million leases), and so is every entry's apply while a frozen copy is alive (the chunk
 //! copies), with the longest and those over 10 ms.
 //!
@@ -33,7 +34,7 @@
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -253,7 +254,8 @@ impl GroupStateMachine {
     /// task that applies; also at start, before the group serves): the freeze stops this group's
     /// apply for its own length only (a pointer per chunk), and no other thread holds the state
     /// lock for it. The time from asking for the lock to releasing it is recorded as the build's
-    /// apply pause, in wall and thread CPU time, whatever the build then does.
+    /// apply pause, in wall time, thread CPU time and wall time less the thread's wait for a
+    /// core, whatever the build then does.
     fn freeze_for_build(&self) -> GroupSnapshotBuilder {
         let clocks = PauseClocks::start();
         let state = lock(&self.state);
@@ -273,8 +275,9 @@ impl GroupStateMachine {
             })
         };
         drop(state);
+        let stopped = Instant::now();
         if frozen.is_some() {
-            record_freeze(&self.shared.inner.stats, clocks.stop());
+            record_freeze(&self.shared.inner.stats, clocks.stop_at(stopped));
         }
         GroupSnapshotBuilder {
             machine: self.clone(),
@@ -485,18 +488,21 @@ fn thread_cpu_time() -> Duration {
 
 /// The time the calling thread has spent runnable but waiting for a core so far (the second
 /// field of Linux's `/proc/thread-self/schedstat`, nanoseconds), or `None` where the kernel does
-/// not say. The file stays open per thread (each read regenerates it), so a reading is one
-/// `pread`.
+/// not say (no procfs, or the file could not be opened: then never again on this thread). The
+/// file stays open per thread (each read regenerates it), so a reading is one `pread`.
 fn thread_core_wait() -> Option<Duration> {
     use std::os::unix::fs::FileExt;
     thread_local! {
         static SCHEDSTAT: Option<File> = File::open("/proc/thread-self/schedstat").ok();
     }
-    SCHEDSTAT.with(|file| {
-        let mut buffer = [0u8; 128];
-        let read = file.as_ref()?.read_at(&mut buffer, 0).ok()?;
-        parse_schedstat_core_wait(std::str::from_utf8(buffer.get(..read)?).ok()?)
-    })
+    SCHEDSTAT
+        .try_with(|file| {
+            let mut buffer = [0u8; 128];
+            let read = file.as_ref()?.read_at(&mut buffer, 0).ok()?;
+            parse_schedstat_core_wait(std::str::from_utf8(buffer.get(..read)?).ok()?)
+        })
+        .ok()
+        .flatten()
 }
 
 /// The run-queue wait of a `schedstat` line: `<on-cpu ns> <run-queue wait ns> <timeslices>`.
@@ -508,13 +514,17 @@ fn parse_schedstat_core_wait(text: &str) -> Option<Duration> {
 /// Where the applying thread's clocks stood when a pause began: wall, its CPU time and its wait
 /// for a core, so a pause can be told apart from the machine's scheduling.
 ///
-/// The CPU clock and the schedstat file are system calls, and a thread whose time slice has run
-/// out is preempted on the way back from one. Read inside the timed window, they put a
-/// preemption point there: the freeze (a pointer per chunk) was timed at 11-21 ms of wall time
-/// that way at 1M leases, and at 1.5-5.3 ms with the system calls outside it (README, "Snapshot
-/// pauses"). So the wall time is read (vDSO, no system call) right after them at the start and
-/// right before them at the stop. The wait for a core read at the start includes a preemption at
-/// those readings, so it is taken off a second wall time that begins before them (`outer`).
+/// The CPU clock and the schedstat file are read with system calls, and a thread whose time
+/// slice has run out is preempted on the way back from one. Read inside the timed window, they
+/// put that preemption there: the freeze (a pointer per chunk) was timed at 11.9-16.5 ms of wall
+/// time that way at 1M leases, and at 1.5-5.3 ms with them outside it (README, "Snapshot
+/// pauses"). That preemption is the machine's (the slice ran out whatever the thread was doing)
+/// and moves, it does not vanish: apply waits for it just before or after the window. And a
+/// window that starts right after one begins with a fresh slice, so the wall figure is, if
+/// anything, low. Hence the second figure, the pause less the thread's wait for a core, which
+/// does not depend on where the preemption lands: the wait read at the start can include a
+/// preemption at the start's readings, so it is taken off a wall time that includes them
+/// (`outer`), and the stop's readings come after the stop's wall time (`stop_at`).
 struct PauseClocks {
     outer: Instant,
     core_wait: Option<Duration>,
@@ -523,22 +533,25 @@ struct PauseClocks {
 }
 
 /// How long a pause took: wall time, the thread's CPU time in it, and the thread's wait for a
-/// core from just before the pause's start (zero where the kernel does not say).
+/// core over `outer_wall` (`None` where the kernel does not say).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PauseTimes {
     /// From the start to the stop, the clocks' own readings excluded.
     wall: Duration,
     cpu: Duration,
-    core_wait: Duration,
+    core_wait: Option<Duration>,
     /// `wall` plus the readings of the clocks at the start, the span `core_wait` was taken over.
     outer_wall: Duration,
 }
 
 impl PauseTimes {
     /// The pause without the wait for a core: what the snapshot itself cost apply (the work,
-    /// and any wait for the lock), whatever else the machine's cores were busy with.
-    fn less_core_wait(&self) -> Duration {
-        self.outer_wall.saturating_sub(self.core_wait)
+    /// and any wait for the lock), whatever else the machine's cores were busy with; never more
+    /// than `wall`, and never less than the true figure (the start's readings are counted in
+    /// it). `None` where the kernel does not report the wait.
+    fn less_core_wait(&self) -> Option<Duration> {
+        let core_wait = self.core_wait?;
+        Some(self.outer_wall.saturating_sub(core_wait).min(self.wall))
     }
 }
 
@@ -553,15 +566,18 @@ impl PauseClocks {
         }
     }
 
-    /// The pause from the start to now (call on the same thread).
-    fn stop(&self) -> PauseTimes {
-        let now = Instant::now();
-        let wall = now.saturating_duration_since(self.wall);
-        let outer_wall = now.saturating_duration_since(self.outer);
-        // A preemption on the way back from these readings lands after `now`: in neither.
+    /// The pause from the start to `stopped` (an `Instant` taken when it ended: the readings
+    /// here may come later, out of a lock), on the same thread as the start.
+    fn stop_at(&self, stopped: Instant) -> PauseTimes {
+        let wall = stopped.saturating_duration_since(self.wall);
+        let outer_wall = stopped.saturating_duration_since(self.outer);
+        // A preemption on the way back from these readings lands after `stopped`, so in no
+        // figure. A wait between `stopped` and the reading (an interrupt, a preemption inside
+        // the read) is counted in the wait but not in `outer_wall`: the clamp keeps it from
+        // exceeding the span, and the figure less the wait is then low by that much.
         let core_wait = match (self.core_wait, thread_core_wait()) {
-            (Some(before), Some(after)) => after.saturating_sub(before).min(outer_wall),
-            _ => Duration::ZERO,
+            (Some(before), Some(after)) => Some(after.saturating_sub(before).min(outer_wall)),
+            _ => None,
         };
         let cpu = thread_cpu_time().saturating_sub(self.cpu);
         PauseTimes {
@@ -599,21 +615,17 @@ fn record_freeze(stats: &StorageStats, pause: PauseTimes) {
     stats
         .snapshot_pause_cpu_micros_max
         .fetch_max(micros(pause.cpu), Ordering::Relaxed);
-    stats
-        .snapshot_pause_micros_max
-        .fetch_max(micros(pause.wall), Ordering::Relaxed);
-    stats
-        .snapshot_pause_less_core_wait_micros_max
-        .fetch_max(micros(pause.less_core_wait()), Ordering::Relaxed);
-    if pause.wall > SNAPSHOT_PAUSE_BUDGET {
-        stats
-            .snapshot_pauses_over_10ms
-            .fetch_add(1, Ordering::Relaxed);
-    }
-    if pause.less_core_wait() > SNAPSHOT_PAUSE_BUDGET {
-        stats
-            .snapshot_pauses_less_core_wait_over_10ms
-            .fetch_add(1, Ordering::Relaxed);
+    record_longest_and_over_budget(
+        &stats.snapshot_pause_micros_max,
+        &stats.snapshot_pauses_over_10ms,
+        pause.wall,
+    );
+    if let Some(less_core_wait) = pause.less_core_wait() {
+        record_longest_and_over_budget(
+            &stats.snapshot_pause_less_core_wait_micros_max,
+            &stats.snapshot_pauses_less_core_wait_over_10ms,
+            less_core_wait,
+        );
     }
 }
 
@@ -626,21 +638,29 @@ fn record_shared_apply(stats: &StorageStats, took: PauseTimes) {
     stats
         .snapshot_shared_applies
         .fetch_add(1, Ordering::Relaxed);
-    stats
-        .snapshot_shared_apply_micros_max
-        .fetch_max(micros(took.wall), Ordering::Relaxed);
-    stats
-        .snapshot_shared_apply_less_core_wait_micros_max
-        .fetch_max(micros(took.less_core_wait()), Ordering::Relaxed);
-    if took.wall > SNAPSHOT_PAUSE_BUDGET {
-        stats
-            .snapshot_shared_applies_over_10ms
-            .fetch_add(1, Ordering::Relaxed);
+    record_longest_and_over_budget(
+        &stats.snapshot_shared_apply_micros_max,
+        &stats.snapshot_shared_applies_over_10ms,
+        took.wall,
+    );
+    if let Some(less_core_wait) = took.less_core_wait() {
+        record_longest_and_over_budget(
+            &stats.snapshot_shared_apply_less_core_wait_micros_max,
+            &stats.snapshot_shared_applies_less_core_wait_over_10ms,
+            less_core_wait,
+        );
     }
-    if took.less_core_wait() > SNAPSHOT_PAUSE_BUDGET {
-        stats
-            .snapshot_shared_applies_less_core_wait_over_10ms
-            .fetch_add(1, Ordering::Relaxed);
+}
+
+/// Keeps the longest of a kind of pause (microseconds) and counts those over the 10 ms budget.
+fn record_longest_and_over_budget(
+    longest_micros: &AtomicU64,
+    over_budget: &AtomicU64,
+    took: Duration,
+) {
+    longest_micros.fetch_max(micros(took), Ordering::Relaxed);
+    if took > SNAPSHOT_PAUSE_BUDGET {
+        over_budget.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -837,6 +857,7 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
         self.shared.inner.check_group(self.group)?;
         while let Some((entry, responder)) = entries.try_next().await? {
             let index = entry.log_id().index();
+            let mut shared_apply = None;
             let response = {
                 let mut state = lock(&self.state);
                 let log_id = entry.log_id();
@@ -866,9 +887,8 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
                         let clocks = (self.frozen_copies.load(Ordering::Acquire) > 0)
                             .then(PauseClocks::start);
                         let output = state.leases.apply(proposal);
-                        if let Some(clocks) = clocks {
-                            record_shared_apply(&self.shared.inner.stats, clocks.stop());
-                        }
+                        // Ended here; the clocks are read once the lock is released.
+                        shared_apply = clocks.map(|clocks| (clocks, Instant::now()));
                         Some(output)
                     }
                     EntryPayload::Membership(membership) => {
@@ -880,6 +900,9 @@ impl RaftStateMachine<TenureRaft> for GroupStateMachine {
                 state.last_applied = Some(log_id);
                 response
             };
+            if let Some((clocks, stopped)) = shared_apply {
+                record_shared_apply(&self.shared.inner.stats, clocks.stop_at(stopped));
+            }
             if let Some(observer) = &self.observer {
                 let applied = match (&entry.payload, &response) {
                     (EntryPayload::Normal(proposal), Some(output)) => Some((proposal, output)),
@@ -1303,11 +1326,29 @@ mod tests {
         while Instant::now() < spin_until {
             std::hint::spin_loop();
         }
-        let pause = clocks.stop();
+        let stopped = Instant::now();
+        let pause = clocks.stop_at(stopped);
         assert!(pause.wall >= Duration::from_millis(20), "{pause:?}");
         assert!(pause.wall <= pause.outer_wall, "{pause:?}");
-        assert!(pause.core_wait <= pause.outer_wall, "{pause:?}");
-        assert_eq!(pause.less_core_wait(), pause.outer_wall - pause.core_wait);
+        // The spin was on a core for most of its 20 ms.
+        assert!(pause.cpu >= Duration::from_millis(1), "{pause:?}");
+        match pause.core_wait {
+            Some(core_wait) => {
+                assert!(core_wait <= pause.outer_wall, "{pause:?}");
+                assert_eq!(
+                    pause.less_core_wait(),
+                    Some((pause.outer_wall - core_wait).min(pause.wall))
+                );
+            }
+            None => assert_eq!(pause.less_core_wait(), None),
+        }
+        // Less the wait is never more than the wall time, whatever the wait.
+        let waited_long = PauseTimes {
+            core_wait: Some(Duration::ZERO),
+            outer_wall: pause.wall + Duration::from_millis(5),
+            ..pause
+        };
+        assert_eq!(waited_long.less_core_wait(), Some(pause.wall));
         // Where the kernel reports run-queue waits, a reading is there and never goes back.
         if let Some(before) = thread_core_wait() {
             let after = thread_core_wait().expect("a second schedstat reading");

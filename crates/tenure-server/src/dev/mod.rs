@@ -588,8 +588,8 @@ fn create(options: &DevOptions, dir: PathBuf) -> Result<DevCluster, DevError> {
     })
 }
 
-/// Sets the state limits `options` gives (budget, tenant quota), the snapshot interval and the
-/// expiry pacing in `config`; true when that changed it.
+/// Sets the state limits `options` gives (budget, tenant quota), the snapshot interval, the
+/// expiry pacing and the Expire command rate in `config`; true when that changed it.
 fn apply_state_limits(config: &mut ServerConfig, options: &DevOptions) -> bool {
     let timing_before = (
         config.timing.snapshot_every_entries,
@@ -1214,6 +1214,15 @@ mod tests {
         );
         assert_eq!(again.nodes[2].config.timing.snapshot_every_entries, 40);
         assert_eq!(again.nodes[2].config.timing.expire_commands_per_s_max, 5);
+        // The command rate alone is a change too.
+        let mut rate_only = options(&dir);
+        rate_only.expire_commands_per_s_max = Some(7);
+        let changed = prepare(&rate_only).unwrap();
+        for node in &changed.nodes {
+            let loaded = config::load(&node.config_path).unwrap();
+            assert_eq!(loaded.timing.expire_commands_per_s_max, 7);
+            assert_eq!(loaded.timing.snapshot_every_entries, 40);
+        }
 
         // Given at creation, they are written from the start.
         let mut at_creation = options(&temp.path().join("other"));
@@ -1231,6 +1240,10 @@ mod tests {
         zero.tenant_active_leases_max = Some(0);
         let message = prepare(&zero).unwrap_err().to_string();
         assert!(message.contains("tenant_active_leases_max"), "{message}");
+        let mut no_commands = options(&dir);
+        no_commands.expire_commands_per_s_max = Some(0);
+        let message = prepare(&no_commands).unwrap_err().to_string();
+        assert!(message.contains("expire_commands_per_s_max"), "{message}");
         assert_eq!(
             config::load(&again.nodes[0].config_path)
                 .unwrap()
