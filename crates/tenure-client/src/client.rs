@@ -1155,6 +1155,16 @@ impl Client {
             {
                 Ok(Ok(answer)) => {
                     target.link.set_suspect(false);
+                    if target.forward && group.is_some() {
+                        // Answered through another node's forwarding: the group has no usable
+                        // leader in the routing cache (unknown, or a node that failed). A table
+                        // fetched during an election may have named the old leader again (same
+                        // term), and with that node suspect no later call would go there to learn
+                        // otherwise; every call would pay the extra hop. Refresh in the background
+                        // (at most once per `routing_refresh_min_interval`).
+                        let client = self.clone();
+                        tokio::spawn(async move { client.refresh_routing_soon().await });
+                    }
                     return Ok(answer);
                 }
                 Ok(Err(error)) => {
